@@ -1,0 +1,3 @@
+from prime_core.cli.app import main
+
+main()

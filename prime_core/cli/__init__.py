@@ -1,0 +1,1 @@
+"""The ``prime`` command line. ``build_app(manager)`` builds it; ``main()`` runs it."""

@@ -1,0 +1,69 @@
+"""``prime config show|validate``."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from prime_core.cli.app import CONFIG_ARGS
+from prime_core.cli.common import load_config
+
+ROOT_HELP = "Which config: rl (prime run), sft, trainer, orchestrator or inference."
+
+
+def _without_none(value):
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_none(v) for v in value]
+    return value
+
+
+def render(config, fmt: str) -> str:
+    data = config.model_dump(mode="json")
+    if fmt == "json":
+        return json.dumps(data, indent=2)
+    if fmt == "yaml":
+        import yaml
+
+        return yaml.safe_dump(data, sort_keys=False)
+    import tomli_w
+
+    return tomli_w.dumps(_without_none(data))  # TOML has no null: unset keys are left out
+
+
+def register(app: typer.Typer) -> None:
+    config_app = typer.Typer(help="Show or check a resolved config.", no_args_is_help=True)
+    app.add_typer(config_app, name="config")
+
+    @config_app.command("show", context_settings=CONFIG_ARGS)
+    def show(
+        ctx: typer.Context,
+        root: str = typer.Option("rl", "--root", help=ROOT_HELP),
+        fmt: str = typer.Option("toml", "--format", help="toml, yaml or json."),
+    ) -> None:
+        """Print the config that FILES... and --key value overrides resolve to."""
+        if fmt not in ("toml", "yaml", "json"):
+            raise typer.BadParameter(f"unknown format {fmt!r}: use toml, yaml or json", param_hint="--format")
+        typer.echo(render(load_config(_root(root), ctx.args), fmt))
+
+    @config_app.command("validate", context_settings=CONFIG_ARGS)
+    def validate(ctx: typer.Context, root: str = typer.Option("rl", "--root", help=ROOT_HELP)) -> None:
+        """Check a config: schema, and that installed plugins provide all it selects."""
+        from prime_core.config.checks import check
+        from prime_core.errors import ConfigError
+
+        config = load_config(_root(root), ctx.args)
+        problems = check(config, _root(root))
+        if problems:
+            raise ConfigError(problems, source="needs plugins or settings this machine lacks")
+        typer.echo("config is valid")
+
+
+def _root(root: str) -> str:
+    from prime_core.config.schema import BASE_ROOTS
+
+    if root not in BASE_ROOTS:
+        raise typer.BadParameter(f"unknown root {root!r}: use one of {', '.join(BASE_ROOTS)}", param_hint="--root")
+    return root

@@ -1,0 +1,56 @@
+"""``prime run CONFIG...``: validate, plan with the selected launcher, write the resolved
+per-role configs and the plan, then launch (or stop there with ``--dry-run``)."""
+
+from __future__ import annotations
+
+import typer
+
+from prime_core.cli.app import CONFIG_ARGS, print_warning
+from prime_core.cli.common import load_config
+
+
+def run(tokens: list[str]) -> int:
+    from rich.console import Console
+
+    from prime_core.config.checks import check, resolve_launcher
+    from prime_core.errors import ConfigError, PrimeError
+    from prime_core.launch.plan import write_plan, write_role_configs
+    from prime_core.plugins import get_plugin_manager
+
+    manager = get_plugin_manager()
+    config = load_config("rl", tokens, manager)
+    problems = check(config, "rl", manager)
+    if problems and not config.dry_run:
+        raise ConfigError(problems, source="this run cannot start")
+    console = Console(highlight=False)
+    paths = write_role_configs(config, config.output_dir)
+    console.print(f"resolved configs written to {paths['rl'].parent}", markup=False)
+    try:
+        launcher = manager.select("launchers", resolve_launcher(config, manager), key="launcher")
+    except PrimeError:
+        launcher = None  # already among the problems, reported below
+    plan = None
+    if launcher is not None:
+        plan = launcher.plan(config, output_dir=config.output_dir, configs=paths)
+        write_plan(plan)
+        for process in plan.processes:
+            console.print(f"  {process.role:<13} {process.shell()}", markup=False)
+        for note in plan.notes:
+            console.print(f"  note: {note}", markup=False)
+    if config.dry_run:
+        for problem in problems:
+            print_warning(f"a real run would stop here: {problem}")
+        console.print("dry run: nothing started", markup=False)
+        return 0
+    manager.hook.prime_configure(config=config, role="run")
+    return launcher.launch(plan)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run", context_settings=CONFIG_ARGS)
+    def run_command(ctx: typer.Context) -> None:
+        """Run the RL stack: CONFIG... are files (a.toml b.yaml, or @ a.toml @ b.toml) and
+        --key value overrides. --dry-run writes the resolved configs and plan only."""
+        code = run(ctx.args)
+        if code:
+            raise typer.Exit(code)

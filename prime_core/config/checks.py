@@ -1,0 +1,122 @@
+"""Checks of a validated config against what is installed: every name the config selects
+(``launcher``, ``orchestrator.env[].id``, ``trainer.loss.type``, ...) and every feature it
+turns on (``trainer.model.ep > 1`` needs the ``ep`` strategy) must be provided by an active
+plugin that can run here; ``required_plugins`` must be active; and each plugin's
+``prime_validate_config`` gets its say. Problems are collected, never raised one by one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from prime_core.config.base import Requires, Selects
+from prime_core.config.schema import build_schema
+from prime_core.errors import PluginError, did_you_mean
+from prime_core.plugins import REGISTRIES, PluginManager, get_plugin_manager
+
+
+def schema_for(root: str, manager: PluginManager | None = None) -> type[BaseModel]:
+    """The schema of ``root`` with the sections of the active plugins (cached per manager)."""
+    manager = manager or get_plugin_manager()
+    cache = manager.__dict__.setdefault("_schemas", {})
+    if root not in cache:
+        sections = [(p.spec, p.plugin) for p in manager.registry("config_sections").values()]
+        cache[root] = build_schema(root, sections)
+    return cache[root]
+
+
+def _used(marker: Selects | Requires, section: BaseModel, value: Any) -> bool:
+    if marker.when is not None:
+        return bool(marker.when(section))
+    return value is not None and value is not False
+
+
+def _walk(model: BaseModel, prefix: str = ""):
+    """(dotted key, value, marker, owning section) for every marked field in use."""
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        key = f"{prefix}{name}"
+        for marker in info.metadata:
+            if isinstance(marker, Selects | Requires) and _used(marker, model, value):
+                yield key, value, marker
+        if isinstance(value, BaseModel):
+            yield from _walk(value, f"{key}.")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    yield from _walk(item, f"{key}[{i}].")
+
+
+def _check_one(manager: PluginManager, key: str, value: Any, marker: Selects | Requires) -> str | None:
+    if isinstance(marker, Selects):
+        if value in marker.skip:
+            return None
+        try:
+            manager.select(marker.registry, f"{marker.prefix}{value}", key=key)
+        except PluginError as exc:
+            return str(exc)
+        return None
+    entries = manager.registry(marker.registry)
+    noun = REGISTRIES[marker.registry].noun
+    if marker.name.endswith("*"):
+        matches = [k for k in entries if k.startswith(marker.name[:-1])]
+        if any(entries[k].spec.unavailable_reason() is None for k in matches):
+            return None
+        reasons = "; ".join(f"{k}: {entries[k].spec.unavailable_reason()}" for k in matches)
+        return f"{key} = {value!r} needs a {noun} '{marker.name}'" + (
+            f", but none can run here ({reasons})" if matches else ", which no installed plugin provides"
+        )
+    try:
+        manager.select(marker.registry, marker.name)
+    except PluginError as exc:
+        return f"{key} = {value!r} needs the {noun} '{marker.name}': {exc}"
+    return None
+
+
+def resolve_launcher(config: BaseModel, manager: PluginManager) -> str:
+    name = getattr(config, "launcher", "auto")
+    if name != "auto":
+        return name
+    chosen = manager.hook.prime_select_launcher(config=config)
+    if not chosen:
+        raise PluginError(
+            "launcher = 'auto': no installed plugin chose a launcher for this config",
+            hint="install prime-plugin-local, or set `launcher` to one listed by `prime plugins list`",
+        )
+    return chosen
+
+
+def check(config: BaseModel, root: str, manager: PluginManager | None = None) -> list[str]:
+    """Every problem that would stop this config from running here (empty when it can run)."""
+    manager = manager or get_plugin_manager()
+    problems: list[str] = []
+    for key, value, marker in _walk(config):
+        problem = _check_one(manager, key, value, marker)
+        if problem:
+            problems.append(problem)
+    if hasattr(config, "launcher"):
+        try:
+            manager.select("launchers", resolve_launcher(config, manager), key="launcher")
+        except PluginError as exc:
+            problems.append(str(exc))
+    active = {r.name for r in manager.active()}
+    for name in getattr(config, "required_plugins", []):
+        if name not in active:
+            known = {r.name: r for r in manager.status()}
+            why = f": {known[name].status}, {known[name].reason}" if name in known else " (not installed)"
+            problems.append(f"required_plugins: plugin '{name}' is not active{why}{did_you_mean(name, active)}")
+    problems.extend(_plugin_validators(config, root, manager))
+    return problems
+
+
+def _plugin_validators(config: BaseModel, root: str, manager: PluginManager) -> list[str]:
+    out: list[str] = []
+    for impl in manager.pm.hook.prime_validate_config.get_hookimpls():
+        kwargs = {"config": config, "root": root}
+        try:
+            result = impl.function(*[kwargs[a] for a in impl.argnames])
+            out.extend(str(m) for m in (result or []))
+        except Exception as exc:
+            out.append(f"plugin '{impl.plugin_name}' failed while validating the config: {type(exc).__name__}: {exc}")
+    return out

@@ -1,0 +1,195 @@
+"""Load, merge and validate a config.
+
+Sources, lowest precedence first:
+
+1. the schema's defaults;
+2. config files (YAML, TOML or JSON, read by dynaconf), merged left to right;
+3. environment variables ``PRIME_<KEY>__<SUBKEY>=value`` (``__`` nests; values are parsed
+   by dynaconf as TOML literals, so ``PRIME_TRAINER__OPTIM__LR=1e-5`` is a float);
+4. command-line overrides (``--trainer.optim.lr 1e-5``).
+
+Merging is ours, not dynaconf's: tables merge key by key, while lists and scalars from a
+later source replace earlier ones (dynaconf's own merge would union lists, so two files
+each listing ``[[orchestrator.env]]`` would silently train on both).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from prime_core.config.cli_args import Override, ParsedArgs
+from prime_core.config.report import format_validation_error
+from prime_core.errors import ConfigError
+
+ENV_PREFIX = "PRIME"
+SUFFIXES = {".toml": "TOML", ".yaml": "YAML", ".yml": "YAML", ".json": "JSON"}
+
+Provenance = dict[tuple[str, ...], str]
+
+
+def _lower_keys(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k).lower(): _lower_keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_lower_keys(v) for v in value]
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """dynaconf's Box/BoxList objects as plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+@functools.cache
+def _dynaconf_internal_keys() -> frozenset[str]:
+    # dynaconf reports some of its own settings in as_dict(); learn them from an empty load.
+    from dynaconf import Dynaconf
+
+    return frozenset(Dynaconf(environments=False, load_dotenv=False, loaders=[]).as_dict())
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    """One config file as a plain dict (top-level keys lower-cased, as dynaconf upper-cases them)."""
+    if not path.exists():
+        raise ConfigError([f"config file not found: {path}"])
+    if not path.is_file():
+        raise ConfigError([f"config path is not a file: {path}"])
+    loader = SUFFIXES.get(path.suffix.lower())
+    if loader is None:
+        raise ConfigError([f"{path}: unsupported config format '{path.suffix}' (use .toml, .yaml, .yml or .json)"])
+    from dynaconf import Dynaconf
+
+    try:
+        settings = Dynaconf(
+            settings_files=[str(path.resolve())],
+            core_loaders=[loader],
+            loaders=[],  # no environment variables here: they are a layer of their own
+            environments=False,
+            load_dotenv=False,
+            merge_enabled=False,
+        )
+        data = settings.as_dict()
+    except Exception as exc:  # each format's parser raises its own error type
+        raise ConfigError([f"{path}: could not parse {loader}: {_first_line(exc)}"]) from None
+    internal = _dynaconf_internal_keys()
+    return {k.lower(): _plain(v) for k, v in data.items() if k not in internal}
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0] if len(text.splitlines()) < 4 else " ".join(text.split())[:300]
+
+
+def read_env(environ: Mapping[str, str], top_level_keys: set[str]) -> tuple[dict[str, Any], list[str]]:
+    """``PRIME_*`` variables as a nested dict, and the names that were ignored.
+
+    A variable without ``__`` whose name is not a top-level key (``PRIME_API_KEY`` of another
+    tool, or prime's own ``PRIME_DISABLED_PLUGINS``) is ignored rather than refused.
+    """
+    from prime_core.plugins import CONTROL_ENV
+
+    prefix = f"{ENV_PREFIX}_"
+    wanted: dict[str, str] = {}
+    ignored = []
+    for name, value in environ.items():
+        if not name.startswith(prefix) or name in CONTROL_ENV:
+            continue
+        key = name[len(prefix) :]
+        if "__" not in key and key.lower() not in top_level_keys:
+            ignored.append(name)
+            continue
+        wanted[name] = value
+    from dynaconf.utils.parse_conf import parse_conf_data
+
+    data: dict[str, Any] = {}
+    for name, value in sorted(wanted.items()):
+        path = tuple(p.lower() for p in name[len(prefix) :].split("__"))
+        node = data
+        for part in path[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[path[-1]] = _plain(parse_conf_data(value, tomlfy=True, box_settings={}))
+    return data, ignored
+
+
+def merge_into(base: dict[str, Any], top: Mapping[str, Any], source: str, provenance: Provenance,
+               prefix: tuple[str, ...] = ()) -> None:
+    for key, value in top.items():
+        path = (*prefix, key)
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            merge_into(base[key], value, source, provenance, path)
+            continue
+        base[key] = _plain(value)
+        for old in [p for p in provenance if p[: len(path)] == path]:
+            del provenance[old]
+        _record(base[key], path, source, provenance)
+
+
+def _record(value: Any, path: tuple[str, ...], source: str, provenance: Provenance) -> None:
+    provenance[path] = source
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _record(v, (*path, k), source, provenance)
+
+
+def _nest(path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    for part in reversed(path):
+        value = {part: value}
+    return value
+
+
+def gather(args: ParsedArgs, schema: type[BaseModel], environ: Mapping[str, str] | None = None
+           ) -> tuple[dict[str, Any], Provenance, list[str]]:
+    """The merged raw config, where each leaf came from, and ignored environment variables."""
+    environ = os.environ if environ is None else environ
+    data: dict[str, Any] = {}
+    provenance: Provenance = {}
+    problems: list[str] = []
+    for mount, path in args.files:
+        try:
+            content = read_file(path)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            continue
+        merge_into(data, _nest(mount, content) if mount else content, str(path), provenance)
+    if problems:
+        raise ConfigError(problems)
+    env, ignored = read_env(environ, set(schema.model_fields))
+    merge_into(data, env, "environment", provenance)
+    for override in args.overrides:
+        _apply(data, override, provenance)
+    return data, provenance, ignored
+
+
+def _apply(data: dict[str, Any], override: Override, provenance: Provenance) -> None:
+    merge_into(data, _nest(override.path, override.value), override.source, provenance)
+
+
+def validate(schema: type[BaseModel], data: dict[str, Any], provenance: Provenance | None = None,
+             *, source: str | None = None) -> BaseModel:
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, schema, provenance or {}), source=source) from None
+
+
+def load(root: str, args: ParsedArgs, *, manager=None, environ: Mapping[str, str] | None = None
+         ) -> tuple[BaseModel, list[str]]:
+    """Load and validate a config for ``root``; returns it and any ignored env var names."""
+    from prime_core.config.checks import schema_for
+
+    schema = schema_for(root, manager)
+    data, provenance, ignored = gather(args, schema, environ)
+    sources = ", ".join(str(p) for _, p in args.files) or None
+    return validate(schema, data, provenance, source=sources), ignored

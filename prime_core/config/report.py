@@ -1,0 +1,82 @@
+"""Turn pydantic's validation errors into one line per problem: the key path, where the
+value came from, what is wrong, and a suggestion."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from prime_core.config.schema import all_paths, field_names, model_at
+from prime_core.errors import did_you_mean
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _strip_tags(loc: tuple[Any, ...], schema: type[BaseModel]) -> tuple[Any, ...]:
+    """Drop the union tags and function names pydantic adds to locations (``single_node``,
+    ``function-before[...]``), keeping only real keys and list indices."""
+    keep: list[Any] = []
+    for i, part in enumerate(loc):
+        if isinstance(part, str) and ("[" in part or part.startswith("function-")):
+            continue
+        if isinstance(part, str) and keep and model_at(schema, tuple(keep)) is None:
+            # a union tag: the parent is ambiguous until the tag picks a member
+            if model_at(schema, (*keep, part)) is not None and part not in _names_at(schema, tuple(keep)):
+                continue
+        keep.append(part)
+    return tuple(keep)
+
+
+def _names_at(schema: type[BaseModel], loc: tuple[Any, ...]) -> set[str]:
+    model = model_at(schema, loc)
+    return field_names(model) if model is not None else set()
+
+
+def _source(provenance: dict[tuple[str, ...], str], loc: tuple[Any, ...]) -> str:
+    key = tuple(p for p in loc if isinstance(p, str))
+    while key:
+        if key in provenance:
+            return f" (from {provenance[key]})"
+        key = key[:-1]
+    return ""
+
+
+def format_validation_error(exc: ValidationError, schema: type[BaseModel],
+                            provenance: dict[tuple[str, ...], str]) -> list[str]:
+    problems: list[str] = []
+    paths = None
+    for error in exc.errors(include_url=False):
+        raw_loc = tuple(error["loc"])
+        loc = _strip_tags(raw_loc, schema)
+        key = _dotted(loc) or "(top level)"
+        where = _source(provenance, tuple(p for p in loc))
+        kind = error["type"]
+        if kind == "extra_forbidden":
+            parent = model_at(schema, loc[:-1])
+            leaf = str(loc[-1])
+            siblings = field_names(parent) if parent is not None else set()
+            hint = did_you_mean(leaf, siblings)
+            if not hint:
+                paths = paths if paths is not None else all_paths(schema)
+                homes = [p for p in paths if p.rsplit(".", 1)[-1] == leaf]
+                if homes:
+                    hint = f" ('{leaf}' is a key of {', '.join(h.rsplit('.', 1)[0] if '.' in h else 'the top level' for h in homes[:3])})"
+                else:
+                    hint = " (if a plugin provides it, install or enable that plugin: `prime plugins list`)"
+            problems.append(f"{key}{where}: unknown key{hint}")
+        elif kind == "missing":
+            problems.append(f"{key}{where}: required key is missing")
+        else:
+            message = error["msg"]
+            if message.startswith("Value error, "):
+                message = message[len("Value error, ") :]
+            value = error.get("input")
+            shown = "" if isinstance(value, dict | list) or kind.startswith("value_error") else f" (got {value!r})"
+            problems.append(f"{key}{where}: {message}{shown}")
+    return problems

@@ -1,0 +1,141 @@
+"""The root config of ``prime run``: the three roles plus keys shared between them.
+
+Shared keys set at the top (``model``, ``seq_len``, ``max_steps``, ``output_dir``, ``ckpt``,
+``wandb``, ``weight_broadcast``, ``log``) are copied into each role that uses them, unless
+the role sets its own value, so ``configs/trainer.json`` written by ``--dry-run`` is complete
+on its own.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, model_validator
+
+from prime_core.config.base import Section, Toggle
+from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, WandbConfig, WeightBroadcastConfig
+from prime_core.inference.config import InferenceConfig
+from prime_core.launch.config import Deployment, SingleNodeDeployment, infer_deployment_type
+from prime_core.orchestrator.config import OrchestratorConfig
+from prime_core.trainer.config import TrainerConfig
+
+ROLES = ("trainer", "orchestrator", "inference")
+
+# shared key -> the roles it propagates to
+SHARED_KEYS: dict[str, tuple[str, ...]] = {
+    "output_dir": ROLES,
+    "model": ROLES,
+    "log": ROLES,
+    "seq_len": ("trainer", "orchestrator"),
+    "max_steps": ("trainer", "orchestrator"),
+    "ckpt": ("trainer", "orchestrator"),
+    "wandb": ("trainer", "orchestrator"),
+    "weight_broadcast": ("trainer", "orchestrator"),
+}
+
+# The flat top-level keys of prime-rl's older `rl_slurm` docs, and where they live now.
+LEGACY_DEPLOYMENT_KEYS = ("num_train_nodes", "num_infer_nodes", "gpus_per_node", "nodes_per_fsdp_group")
+LEGACY_SLURM_KEYS = ("job_name", "project_dir", "template_path", "partition", "account", "time")
+
+
+def _merge(base: Any, top: Any) -> Any:
+    """``top`` wins; dicts merge recursively."""
+    if isinstance(base, dict) and isinstance(top, dict):
+        out = dict(base)
+        for k, v in top.items():
+            out[k] = _merge(base[k], v) if k in base else v
+        return out
+    return top
+
+
+class RLConfig(Section):
+    """``prime run``: inference, orchestrator and trainer, placed by a launcher."""
+
+    output_dir: Path = Path("outputs")
+    """Everything a run writes goes here: configs/, logs/, rollouts/, weights/, checkpoints/."""
+    model: ModelRef | None = None
+    seq_len: int | None = Field(default=None, ge=1)
+    max_steps: int | None = Field(default=None, ge=1)
+    ckpt: CkptConfig | None = None
+    wandb: WandbConfig | None = None
+    weight_broadcast: WeightBroadcastConfig | None = None
+    log: LogConfig | None = None
+
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    inference: Toggle[InferenceConfig] = Field(default_factory=InferenceConfig)
+    """The inference server to start; ``None`` when you run your own (set orchestrator.client)."""
+    deployment: Annotated[Deployment, infer_deployment_type] = Field(default_factory=SingleNodeDeployment)
+
+    launcher: str = "auto"
+    """Launcher plugin (``local``, ``torchrun``, ``slurm``); ``auto`` lets plugins decide."""
+    dry_run: bool = False
+    """Write the resolved configs and the launch plan, start nothing."""
+    env_vars: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for every role process."""
+    required_plugins: list[str] = Field(default_factory=list)
+    """Plugin names that must be installed and active, e.g. ``["deepep"]``."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _propagate(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = copy.deepcopy(data)
+        _move_legacy_keys(data, has_slurm="slurm" in cls.model_fields)
+        for key, roles in SHARED_KEYS.items():
+            if data.get(key) is None:
+                continue
+            for role in roles:
+                section = data.get(role, {})
+                if section is None or section is False:
+                    continue  # e.g. `inference = false`: nothing to propagate into
+                if section is True:
+                    section = {}
+                if not isinstance(section, dict):
+                    continue  # the schema reports the wrong type
+                value = data[key]
+                if isinstance(value, dict):
+                    section[key] = _merge(value, section.get(key, {}))
+                else:
+                    section.setdefault(key, value)
+                data[role] = section
+        _point_client_at_server(data)
+        return data
+
+
+def _move_legacy_keys(data: dict, *, has_slurm: bool) -> None:
+    legacy = {k: data.pop(k) for k in LEGACY_DEPLOYMENT_KEYS if k in data}
+    if legacy:
+        deployment = data.setdefault("deployment", {})
+        if isinstance(deployment, dict):
+            deployment.setdefault("type", "multi_node")
+            for k, v in legacy.items():
+                deployment.setdefault(k, v)
+    if has_slurm:
+        legacy = {k: data.pop(k) for k in LEGACY_SLURM_KEYS if k in data}
+        if legacy:
+            slurm = data.get("slurm") if isinstance(data.get("slurm"), dict) else {}
+            data["slurm"] = {**legacy, **slurm}
+
+
+def _point_client_at_server(data: dict) -> None:
+    """Unless the user says otherwise, the orchestrator talks to the server this run starts."""
+    inference = data.get("inference", {})
+    if inference is None or inference is False:
+        return
+    inference = {} if inference is True else inference
+    orchestrator = data.get("orchestrator")
+    if orchestrator is None:
+        orchestrator = data["orchestrator"] = {}
+    if not isinstance(orchestrator, dict) or not isinstance(inference, dict):
+        return
+    client = orchestrator.setdefault("client", {})
+    if isinstance(client, dict) and "base_url" not in client:
+        server = inference.get("server", {}) if isinstance(inference.get("server", {}), dict) else {}
+        host = server.get("host", "127.0.0.1")
+        host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        port = server.get("port", 8000)
+        client["base_url"] = [f"http://{host}:{port}/v1"]

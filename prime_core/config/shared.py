@@ -1,0 +1,62 @@
+"""Sections shared by several roles. At the top of an RL config they propagate down into
+``trainer``, ``orchestrator`` and ``inference`` unless a role sets its own value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+
+from prime_core.config.base import Section, Selects
+
+
+def looks_like_local_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~"))
+
+
+class ModelRef(Section):
+    """Which model to train and serve."""
+
+    name: str = "Qwen/Qwen3-0.6B"
+    """A Hugging Face model id or a local folder with a Hugging Face checkpoint."""
+    tokenizer: str | None = None
+    """Tokenizer to use when it differs from the model's own."""
+    trust_remote_code: bool = False
+    """Allow custom modelling code shipped with the checkpoint."""
+
+    @field_validator("name")
+    @classmethod
+    def _local_folder_exists(cls, name: str) -> str:
+        if looks_like_local_path(name) and not Path(name).expanduser().exists():
+            raise ValueError(f"model folder not found: {name}")
+        return name
+
+
+class CkptConfig(Section):
+    """Checkpointing of the trainer (and the orchestrator's progress)."""
+
+    interval: int | None = Field(default=None, ge=1)
+    """Save every N steps; off when unset."""
+    keep_last: int | None = Field(default=None, ge=1)
+    """Keep only the newest N checkpoints."""
+
+
+class WandbConfig(Section):
+    """Weights & Biases logging; trainer and orchestrator log to one run."""
+
+    project: str = "prime"
+    name: str | None = None
+    entity: str | None = None
+    offline: bool = False
+
+
+class WeightBroadcastConfig(Section):
+    """How new trainer weights reach the inference servers."""
+
+    type: Annotated[str, Selects("weight_transports")] = "filesystem"
+    """A weight transport provided by a plugin (``filesystem``, ``nccl``)."""
+
+
+class LogConfig(Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"

@@ -1,0 +1,331 @@
+"""Every hook a prime plugin can implement.
+
+A plugin is a module (or object) registered under the entry-point group ``prime.plugins``
+that defines functions named like the specs below, decorated with ``prime_core.hookimpl``.
+An implementation may take any subset of a spec's arguments; calls are keyword-only.
+
+Two kinds of hooks:
+
+- **Registries** (``prime_<plural noun>``) return an iterable of typed specs from
+  ``prime_core.specs``. The core gathers them, refuses duplicate names (naming both
+  providers), and selects one *by the name in the config*. They are called once per process,
+  lazily, when something first needs that registry.
+- **Lifecycle hooks** (``prime_configure``, ``prime_validate_config``, ``prime_on_*``) run
+  per run, per step or per event: never per layer or per token.
+
+The full guide with examples is ``docs/plugins.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from prime_core import hookspec
+from prime_core.specs import (
+    Algorithm,
+    CliCommand,
+    ConfigSection,
+    EPBackend,
+    Environment,
+    InferenceBackend,
+    Kernel,
+    Launcher,
+    ModelImpl,
+    Monitor,
+    ParallelStrategy,
+    Router,
+    WeightTransport,
+)
+
+# --------------------------------------------------------------------------------------
+# Registries
+# --------------------------------------------------------------------------------------
+
+
+@hookspec
+def prime_config_sections() -> Iterable[ConfigSection]:
+    """Add pydantic models to the config schema.
+
+    Called when a config is loaded or validated (``prime run``, ``prime config ...``, every
+    role). Returns ``ConfigSection`` objects; the core mounts each model at its dotted path
+    and validates the user's keys against it (unknown keys refused as everywhere else).
+    Import pydantic inside the hook so importing the plugin stays cheap.
+
+    Example::
+
+        @hookimpl
+        def prime_config_sections():
+            from prime_plugin_slurm.config import SlurmConfig
+            return [ConfigSection(name="slurm", model=SlurmConfig, roots=("rl", "sft"))]
+    """
+
+
+@hookspec
+def prime_model_impls() -> Iterable[ModelImpl]:
+    """Provide model implementations selected by ``trainer.model.impl``.
+
+    Called when the trainer builds its model, and by ``prime plugins list``.
+
+    Example::
+
+        @hookimpl
+        def prime_model_impls():
+            return [ModelImpl(name="hf", build=build_hf_model, supports=lambda cfg: True)]
+    """
+
+
+@hookspec
+def prime_parallel_strategies() -> Iterable[ParallelStrategy]:
+    """Provide parallel strategies (``fsdp``, ``ep``, ``cp``, ...).
+
+    Called when the trainer applies its build order; a strategy is used when the config
+    turns it on (``trainer.model.ep > 1`` needs the strategy named ``ep``).
+
+    Example::
+
+        @hookimpl
+        def prime_parallel_strategies():
+            return [ParallelStrategy(name="ep", apply=apply_ep, mesh_dims=("ep",))]
+    """
+
+
+@hookspec
+def prime_ep_backends() -> Iterable[EPBackend]:
+    """Provide token dispatch/combine backends for expert parallelism.
+
+    Selected by ``trainer.model.ep_comm_backend``; called when the EP strategy is applied.
+
+    Example::
+
+        @hookimpl
+        def prime_ep_backends():
+            return [EPBackend(name="deepep", make=make_deepep, available=deep_ep_missing)]
+    """
+
+
+@hookspec
+def prime_kernels() -> Iterable[Kernel]:
+    """Provide op implementations, registered as ``op:name``.
+
+    The model implementation looks kernels up by op (``lm_head``, ``rmsnorm``, ``attention``,
+    ``fp8_linear``). ``available()`` explains why a kernel cannot run here (no GPU, missing
+    package); an explicit choice then fails with that reason and ``auto`` falls back.
+
+    Example::
+
+        @hookimpl
+        def prime_kernels():
+            return [Kernel(op="lm_head", name="fused", impl=FusedLMHead, available=needs_cuda)]
+    """
+
+
+@hookspec
+def prime_inference_backends() -> Iterable[InferenceBackend]:
+    """Provide inference servers, selected by ``inference.backend``.
+
+    Called by the ``inference`` role and by launchers that start it.
+
+    Example::
+
+        @hookimpl
+        def prime_inference_backends():
+            return [InferenceBackend(name="vllm", server=VLLMServer)]
+    """
+
+
+@hookspec
+def prime_routers() -> Iterable[Router]:
+    """Provide request routers across inference replicas (``round_robin``, ...).
+
+    Called by the orchestrator when it builds its inference client.
+
+    Example::
+
+        @hookimpl
+        def prime_routers():
+            return [Router(name="round_robin", make=RoundRobin)]
+    """
+
+
+@hookspec
+def prime_launchers() -> Iterable[Launcher]:
+    """Provide launchers that turn a resolved config into processes (or a script).
+
+    Called by ``prime run``: the selected launcher's ``plan`` is written by ``--dry-run``,
+    and its ``launch`` starts the roles otherwise.
+
+    Example::
+
+        @hookimpl
+        def prime_launchers():
+            return [Launcher(name="local", plan=plan_local, launch=run_local)]
+    """
+
+
+@hookspec
+def prime_environments() -> Iterable[Environment]:
+    """Provide RL environments (tasks and a rubric), selected by ``orchestrator.env[].id``.
+
+    Example::
+
+        @hookimpl
+        def prime_environments():
+            return [Environment(name="reverse_text", load=load_reverse_text)]
+    """
+
+
+@hookspec
+def prime_weight_transports() -> Iterable[WeightTransport]:
+    """Provide ways to publish trainer weights and load them for inference.
+
+    Selected by ``weight_broadcast.type`` (``filesystem``, ``nccl``).
+
+    Example::
+
+        @hookimpl
+        def prime_weight_transports():
+            return [WeightTransport(name="filesystem", publisher=FsPublisher, loader=FsLoader)]
+    """
+
+
+@hookspec
+def prime_algorithms() -> Iterable[Algorithm]:
+    """Provide advantage estimators and losses, registered as ``kind:name``.
+
+    Selected by ``orchestrator.advantage.type`` and ``trainer.loss.type``.
+
+    Example::
+
+        @hookimpl
+        def prime_algorithms():
+            return [Algorithm(name="grpo", kind="advantage", fn=grpo_advantages)]
+    """
+
+
+@hookspec
+def prime_monitors() -> Iterable[Monitor]:
+    """Provide metric sinks (``jsonl``, ``wandb``, ...).
+
+    Called by each role when it starts logging metrics.
+
+    Example::
+
+        @hookimpl
+        def prime_monitors():
+            return [Monitor(name="wandb", make=WandbMonitor, available=wandb_missing)]
+    """
+
+
+@hookspec
+def prime_cli_commands() -> Iterable[CliCommand]:
+    """Add subcommands to ``prime``.
+
+    Called once when the CLI is built. A command whose path clashes with a built-in or
+    another plugin's is skipped and reported by ``prime plugins list``.
+
+    Example::
+
+        import typer
+        logs = typer.Typer(help="SLURM helpers")
+
+        @hookimpl
+        def prime_cli_commands():
+            return [CliCommand(name="slurm", app=logs)]
+    """
+
+
+# --------------------------------------------------------------------------------------
+# Resolvers (the first non-None answer wins)
+# --------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def prime_select_launcher(config: Any) -> str | None:
+    """Choose the launcher when the config says ``launcher = "auto"`` (the default).
+
+    Called by ``prime run`` with the validated root config. Return a launcher name, or
+    ``None`` to let another plugin decide. The local launcher answers last.
+
+    Example::
+
+        @hookimpl
+        def prime_select_launcher(config):
+            return "slurm" if getattr(config, "slurm", None) is not None else None
+    """
+
+
+# --------------------------------------------------------------------------------------
+# Lifecycle
+# --------------------------------------------------------------------------------------
+
+
+@hookspec
+def prime_validate_config(config: Any, root: str) -> Iterable[str] | None:
+    """Check a validated config for problems the schema cannot express.
+
+    Called after schema validation, for every root (``rl``, ``sft``, ``trainer``, ...).
+    Return messages of the form ``"key.path: what is wrong and how to fix it"``; the core
+    reports all of them at once (from every plugin) and exits with code 2.
+
+    Example::
+
+        @hookimpl
+        def prime_validate_config(config, root):
+            m = config.trainer.model
+            if m.ep > 1 and m.num_experts % m.ep:
+                yield f"trainer.model.ep: {m.ep} must divide num_experts ({m.num_experts})"
+    """
+
+
+@hookspec
+def prime_configure(config: Any, role: str) -> None:
+    """Called once per process when a role starts, with its validated config.
+
+    ``role`` is ``run``, ``trainer``, ``orchestrator``, ``inference`` or ``sft``. Use it to
+    set process-wide state (environment variables, logging) before any work happens.
+
+    Example::
+
+        @hookimpl
+        def prime_configure(config, role):
+            if role == "trainer":
+                os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    """
+
+
+@hookspec
+def prime_on_step_end(step: int, metrics: dict[str, float], role: str) -> None:
+    """Called after each training (``trainer``, ``sft``) or orchestration step.
+
+    Example::
+
+        @hookimpl
+        def prime_on_step_end(step, metrics, role):
+            if metrics.get("loss") != metrics.get("loss"):
+                raise RuntimeError(f"loss is NaN at step {step}")
+    """
+
+
+@hookspec
+def prime_on_weights_published(step: int, path: str) -> None:
+    """Called by the trainer after the weights of ``step`` are complete under ``path``.
+
+    Example::
+
+        @hookimpl
+        def prime_on_weights_published(step, path):
+            print(f"policy v{step} ready at {path}")
+    """
+
+
+@hookspec
+def prime_on_checkpoint(step: int, path: str) -> None:
+    """Called after a checkpoint of ``step`` has been written completely to ``path``.
+
+    Example::
+
+        @hookimpl
+        def prime_on_checkpoint(step, path):
+            upload_async(path)
+    """

@@ -1,0 +1,1 @@
+"""The inference role (the server itself comes from an inference-backend plugin)."""

@@ -1,0 +1,48 @@
+"""Config of the inference role (``prime inference``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from prime_core.config.base import Section, Selects
+from prime_core.config.shared import LogConfig, ModelRef
+from prime_core.launch.config import InferenceDeployment, InferenceSingleNodeDeployment, infer_deployment_type
+
+
+class ServerConfig(Section):
+    host: str = "127.0.0.1"
+    """Bind address; loopback unless you serve other machines on purpose."""
+    port: int = Field(default=8000, ge=1, le=65535)
+
+
+class InferenceParallelConfig(Section):
+    tp: int = Field(default=1, ge=1)
+    """Tensor-parallel size of one replica."""
+    dp: int = Field(default=1, ge=1)
+    """Data-parallel replicas."""
+
+
+class InferenceModelConfig(ModelRef):
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    max_model_len: int | None = Field(default=None, ge=1)
+    enforce_eager: bool = False
+
+
+class InferenceConfig(Section):
+    """The inference role: an OpenAI-compatible server with weight-update endpoints."""
+
+    backend: Annotated[str, Selects("inference_backends")] = "vllm"
+    output_dir: Path = Path("outputs")
+    model: InferenceModelConfig = Field(default_factory=InferenceModelConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    parallel: InferenceParallelConfig = Field(default_factory=InferenceParallelConfig)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    deployment: Annotated[InferenceDeployment, infer_deployment_type] = Field(
+        default_factory=InferenceSingleNodeDeployment
+    )
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Extra server arguments passed through unchanged (any vLLM flag, e.g. ``max_num_seqs``)."""
+    log: LogConfig = Field(default_factory=LogConfig)

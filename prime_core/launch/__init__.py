@@ -1,0 +1,1 @@
+"""Placement config and launch plans, shared by every launcher plugin."""

@@ -1,0 +1,72 @@
+"""The ``[deployment]`` block: where roles run. A union picked by ``type``; when ``type`` is
+left out it is inferred (any ``*_nodes`` key means ``multi_node``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field
+
+from prime_core.config.base import Section
+
+_MULTI_NODE_KEYS = {"num_train_nodes", "num_infer_nodes", "num_nodes", "gpus_per_node", "nodes_per_fsdp_group"}
+
+
+def _infer_type(value: Any) -> Any:
+    if isinstance(value, dict) and "type" not in value:
+        kind = "multi_node" if _MULTI_NODE_KEYS & value.keys() else "single_node"
+        value = {"type": kind, **value}
+    return value
+
+
+infer_deployment_type = BeforeValidator(_infer_type)
+
+
+class SingleNodeDeployment(Section):
+    """RL on one machine. GPUs are taken in order: inference first, then the trainer."""
+
+    type: Literal["single_node"] = "single_node"
+    num_train_gpus: int = Field(default=1, ge=1)
+    num_infer_gpus: int = Field(default=1, ge=0)
+
+
+class MultiNodeDeployment(Section):
+    """RL across machines (through a cluster launcher such as SLURM)."""
+
+    type: Literal["multi_node"] = "multi_node"
+    num_train_nodes: int = Field(default=1, ge=1)
+    num_infer_nodes: int = Field(default=1, ge=0)
+    gpus_per_node: int = Field(default=8, ge=1)
+    nodes_per_fsdp_group: int | None = Field(default=None, ge=1)
+    """Train nodes per FSDP island; sets ``trainer.model.dp_replicate``."""
+
+
+class SFTSingleNodeDeployment(Section):
+    type: Literal["single_node"] = "single_node"
+    num_gpus: int = Field(default=1, ge=1)
+
+
+class SFTMultiNodeDeployment(Section):
+    type: Literal["multi_node"] = "multi_node"
+    num_nodes: int = Field(default=1, ge=1)
+    gpus_per_node: int = Field(default=8, ge=1)
+
+
+class InferenceSingleNodeDeployment(Section):
+    type: Literal["single_node"] = "single_node"
+    num_gpus: int = Field(default=1, ge=0)
+
+
+class InferenceMultiNodeDeployment(Section):
+    """One independent server replica per node."""
+
+    type: Literal["multi_node"] = "multi_node"
+    num_nodes: int = Field(default=1, ge=1)
+    gpus_per_node: int = Field(default=8, ge=1)
+
+
+Deployment = Annotated[SingleNodeDeployment | MultiNodeDeployment, Field(discriminator="type")]
+SFTDeployment = Annotated[SFTSingleNodeDeployment | SFTMultiNodeDeployment, Field(discriminator="type")]
+InferenceDeployment = Annotated[
+    InferenceSingleNodeDeployment | InferenceMultiNodeDeployment, Field(discriminator="type")
+]

@@ -1,0 +1,102 @@
+"""Run the processes of a plan on this machine and stop them all together.
+
+Each role gets its own process group and log file. When any role exits with an error, or
+the user presses Ctrl-C, every other role is stopped (SIGTERM to its whole group, SIGKILL
+after a grace period) and the failing role is named with the end of its log. Service roles
+(the inference server) are stopped once every non-service role has finished cleanly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from prime_core.launch.plan import LaunchPlan, RoleProcess
+
+GRACE_SECONDS = 10.0
+
+
+@dataclass
+class Outcome:
+    code: int
+    failed_role: str | None = None
+    message: str = ""
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        with path.open("r", encoding="utf-8", errors="replace") as f:
+            return "".join(deque(f, maxlen=lines)).rstrip()
+    except OSError:
+        return "(no log)"
+
+
+def _start(proc: RoleProcess) -> subprocess.Popen:
+    proc.log.parent.mkdir(parents=True, exist_ok=True)
+    log = proc.log.open("ab")
+    env = {**os.environ, **proc.env, "PYTHONUNBUFFERED": "1"}
+    try:
+        return subprocess.Popen(proc.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+    finally:
+        log.close()
+
+
+def _stop(running: dict[str, subprocess.Popen], grace: float = GRACE_SECONDS) -> None:
+    for p in running.values():
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for p in running.values():
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+def supervise(plan: LaunchPlan, *, poll_interval: float = 0.2, on_tick=None) -> Outcome:
+    """Start every process of ``plan`` and wait; returns how the run ended."""
+    procs = {p.role: p for p in plan.processes}
+    running: dict[str, subprocess.Popen] = {}
+    try:
+        for proc in plan.processes:
+            running[proc.role] = _start(proc)
+        while True:
+            for role, popen in running.items():
+                code = popen.poll()
+                # A service (the inference server) must outlive the workers: its exit is a failure.
+                if code is not None and (code != 0 or procs[role].service):
+                    _stop({r: p for r, p in running.items() if r != role})
+                    log = procs[role].log
+                    return Outcome(
+                        code=code if code > 0 else 128 - code,
+                        failed_role=role,
+                        message=f"role '{role}' exited with code {code}; last lines of {log}:\n{tail(log)}",
+                    )
+            workers = [r for r, p in procs.items() if not p.service]
+            if workers and all(running[r].poll() == 0 for r in workers):
+                _stop(running)
+                return Outcome(code=0)
+            if not workers and all(p.poll() is not None for p in running.values()):
+                return Outcome(code=0)
+            if on_tick is not None:
+                on_tick()
+            time.sleep(poll_interval)
+    except KeyboardInterrupt:
+        _stop(running)
+        return Outcome(code=130, message="interrupted: stopped every role")
+    except BaseException:
+        _stop(running)
+        raise

@@ -1,0 +1,85 @@
+"""Config of the orchestrator role (``prime orchestrator``), with prime-rl's key names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, Field, model_validator
+
+from prime_core.config.base import Section, Selects
+from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, WandbConfig, WeightBroadcastConfig
+
+
+class ClientConfig(Section):
+    """How the orchestrator reaches the inference servers (OpenAI-compatible API)."""
+
+    base_url: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000/v1"])
+    """One URL per inference replica; a single string is accepted."""
+    api_key_var: str = "OPENAI_API_KEY"
+    """Environment variable holding the API key, if the server needs one."""
+    timeout: float = Field(default=600.0, gt=0)
+    router: Annotated[str, Selects("routers")] = "round_robin"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_url(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("base_url"), str):
+            data = {**data, "base_url": [data["base_url"]]}
+        return data
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1, validation_alias=AliasChoices("max_tokens", "max_completion_tokens"))
+    """Most tokens per completion; unset = up to ``seq_len``."""
+    seed: int | None = None
+
+
+class EnvConfig(Section):
+    """One environment (tasks + rubric) to train on."""
+
+    id: Annotated[str, Selects("environments")]
+    """An environment provided by a plugin (``prime plugins list``)."""
+    name: str | None = None
+    """Label used in metrics; defaults to ``id``."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the environment's loader."""
+
+
+class AdvantageConfig(Section):
+    type: Annotated[str, Selects("algorithms", prefix="advantage:")] = "grpo"
+
+
+class OrchestratorConfig(Section):
+    """The orchestrator role: samples, scores and packs batches for the trainer."""
+
+    output_dir: Path = Path("outputs")
+    model: ModelRef = Field(default_factory=ModelRef)
+    client: ClientConfig = Field(default_factory=ClientConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    env: list[EnvConfig] = Field(default_factory=list)
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    batch_size: int = Field(default=128, ge=1)
+    """Samples per training step."""
+    rollouts_per_example: int = Field(default=8, ge=1, validation_alias=AliasChoices("rollouts_per_example", "group_size"))
+    """Completions sampled per prompt (a GRPO group); ``group_size`` is accepted too."""
+    max_off_policy_steps: int = Field(default=8, ge=0)
+    """Samples from a policy older than this many steps are dropped."""
+    seq_len: int = Field(default=2048, ge=1)
+    max_steps: int | None = Field(default=None, ge=1)
+    seed: int = 0
+    ckpt: CkptConfig = Field(default_factory=CkptConfig)
+    weight_broadcast: WeightBroadcastConfig = Field(default_factory=WeightBroadcastConfig)
+    wandb: WandbConfig | None = None
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    @model_validator(mode="after")
+    def _groups_fit(self) -> OrchestratorConfig:
+        if self.batch_size % self.rollouts_per_example:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be a multiple of rollouts_per_example "
+                f"({self.rollouts_per_example}): a batch holds whole groups"
+            )
+        return self

@@ -1,0 +1,50 @@
+"""Config of supervised fine-tuning (``prime sft``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from prime_core.config.base import ExistingFile, Section
+from prime_core.config.shared import CkptConfig, LogConfig, WandbConfig
+from prime_core.launch.config import SFTDeployment, SFTSingleNodeDeployment, infer_deployment_type
+from prime_core.trainer.config import OptimConfig, SchedulerConfig, TrainerModelConfig
+
+
+class SFTDataConfig(Section):
+    type: Literal["jsonl", "fake"] = "jsonl"
+    path: ExistingFile | None = None
+    """A local JSONL file of chat samples (``{"messages": [...]}`` per line)."""
+    batch_size: int = Field(default=32, ge=1)
+    micro_batch_size: int = Field(default=1, ge=1)
+    pack: bool = True
+    """Pack several samples into each ``seq_len`` sequence."""
+    length: Literal["fixed", "variable"] = "fixed"
+    """For ``type = "fake"``: fixed or variable sample lengths."""
+    shuffle: bool = True
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _path_for_jsonl(self) -> SFTDataConfig:
+        if self.type == "jsonl" and self.path is None:
+            raise ValueError('path is required when type = "jsonl" (or use type = "fake")')
+        return self
+
+
+class SFTConfig(Section):
+    """Supervised fine-tuning on a chat dataset with packed sequences."""
+
+    output_dir: Path = Path("outputs")
+    model: TrainerModelConfig = Field(default_factory=TrainerModelConfig)
+    data: SFTDataConfig = Field(default_factory=lambda: SFTDataConfig(type="fake"))
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=2e-5))
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    ckpt: CkptConfig = Field(default_factory=CkptConfig)
+    max_steps: int | None = Field(default=None, ge=1)
+    seq_len: int = Field(default=2048, ge=1)
+    deployment: Annotated[SFTDeployment, infer_deployment_type] = Field(default_factory=SFTSingleNodeDeployment)
+    wandb: WandbConfig | None = None
+    log: LogConfig = Field(default_factory=LogConfig)
+    dry_run: bool = False

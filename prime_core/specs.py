@@ -1,0 +1,211 @@
+"""The typed objects that registry hooks return.
+
+Every registry hook (``prime_launchers``, ``prime_kernels``, ...) returns an iterable of one
+of the frozen dataclasses below. The core collects them per registry, refuses two providers
+of one key (naming both), and selects by the name the config asks for. Plugins never see
+each other's specs and registration order never changes which one is used.
+
+All specs share three fields:
+
+- ``name``: what the config selects (``launcher = "slurm"``), lower-case.
+- ``description``: one line, shown by ``prime plugins list``.
+- ``available``: optional zero-argument callable returning ``None`` when the capability can
+  run here, or a human-readable reason when it cannot ("deep_ep is not installed:
+  pip install ..."). It must be cheap and must not initialise CUDA eagerly. An explicit
+  selection of an unavailable spec fails with that reason; ``auto`` selections skip it.
+
+This module imports nothing heavy: the CLI and every plugin import it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.:\-]*$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    name: str
+    description: str = ""
+    available: Callable[[], str | None] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ValueError(
+                f"{type(self).__name__} name {self.name!r} is invalid: use lower-case letters, "
+                "digits, '_', '-', '.' or ':'"
+            )
+
+    @property
+    def key(self) -> str:
+        """The name this spec is registered and selected under."""
+        return self.name
+
+    def unavailable_reason(self) -> str | None:
+        """``None`` when usable here, else why not (errors in the check count as reasons)."""
+        if self.available is None:
+            return None
+        try:
+            return self.available()
+        except Exception as exc:  # a broken check must not take the CLI down
+            return f"availability check raised {type(exc).__name__}: {exc}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfigSection(Spec):
+    """A pydantic model a plugin adds to the config schema.
+
+    ``name`` is the dotted path where the model mounts, relative to each root in ``roots``
+    (``"slurm"``, ``"trainer.model.lora"``). With ``merge=True`` the model's fields are added
+    to the existing model at ``name`` instead (``name="trainer.model"`` adds keys such as
+    ``ep`` next to the core's own). A section whose path starts with a role name
+    (``trainer.``, ``orchestrator.``, ``inference.``) also applies to that role's standalone
+    config. Roots: ``rl`` (``prime run``), ``sft``, ``trainer``, ``orchestrator``, ``inference``.
+    """
+
+    model: type
+    roots: tuple[str, ...] = ("rl",)
+    merge: bool = False
+
+    @property
+    def key(self) -> str:
+        # Several plugins may add fields to one section; clashing fields are refused per key.
+        return f"{self.name}+{self.model.__module__}.{self.model.__qualname__}" if self.merge else self.name
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelImpl(Spec):
+    """Builds a model (on the meta device) for the trainer.
+
+    ``build(model_config, hf_config)`` returns an ``nn.Module``; ``supports(hf_config)`` tells
+    whether ``impl = "auto"`` may pick this implementation for a checkpoint;
+    ``state_dict_adapter`` converts to and from Hugging Face tensor names (``None`` when the
+    module already uses them).
+    """
+
+    build: Callable[..., Any]
+    supports: Callable[[Any], bool] | None = field(default=None, compare=False)
+    state_dict_adapter: Any = field(default=None, compare=False)
+    priority: int = 0  # among implementations that support a checkpoint, "auto" takes the highest
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelStrategy(Spec):
+    """A way to parallelise the model. ``apply(model, *, mesh, config)`` returns the model.
+
+    The core applies strategies in its fixed build order (LoRA, EP, CP, AC, compile, FSDP);
+    ``mesh_dims`` names the device-mesh dimensions the strategy needs.
+    """
+
+    apply: Callable[..., Any]
+    mesh_dims: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class EPBackend(Spec):
+    """Token dispatch/combine for expert parallelism (``trainer.model.ep_comm_backend``).
+
+    ``make(ep_group, config)`` returns an object with ``dispatch`` and ``combine``.
+    """
+
+    make: Callable[..., Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Kernel(Spec):
+    """An implementation of an op the model looks up by name (``lm_head``, ``rmsnorm``, ...).
+
+    Registered under ``op:name`` (``lm_head:fused``); ``impl`` is the callable or module
+    class; ``reference`` names the eager implementation it is checked against.
+    """
+
+    op: str
+    impl: Callable[..., Any]
+    reference: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.op}:{self.name}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class InferenceBackend(Spec):
+    """An inference server (``inference.backend``).
+
+    ``server(config)`` returns an object with ``start()``, ``wait_healthy(timeout)``,
+    ``stop()``, ``update_weights(path)`` and ``base_url``.
+    """
+
+    server: Callable[..., Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Router(Spec):
+    """Picks an inference replica for a request. ``make(urls)`` returns an object with
+    ``pick(request) -> url`` and ``done(url)``."""
+
+    make: Callable[..., Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Launcher(Spec):
+    """Turns a resolved config into processes or a script.
+
+    ``plan(config, *, output_dir)`` returns a ``prime_core.launch.plan.LaunchPlan``;
+    ``launch(plan)`` runs it and returns the exit code.
+    """
+
+    plan: Callable[..., Any]
+    launch: Callable[..., int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Environment(Spec):
+    """An RL environment: ``load(**args)`` returns an object with tasks and a rubric."""
+
+    load: Callable[..., Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightTransport(Spec):
+    """Moves trainer weights to inference (``weight_broadcast.type``).
+
+    ``publisher(config)`` is used by the trainer, ``loader(config)`` by the inference side.
+    """
+
+    publisher: Callable[..., Any]
+    loader: Callable[..., Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Algorithm(Spec):
+    """An advantage estimator or a loss, selected by name (``orchestrator.advantage.type``,
+    ``trainer.loss.type``)."""
+
+    kind: Literal["advantage", "loss"]
+    fn: Callable[..., Any]
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Monitor(Spec):
+    """A metric sink. ``make(config, *, output_dir, role)`` returns an object with
+    ``log(metrics: dict, step: int)`` and ``close()``."""
+
+    make: Callable[..., Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CliCommand(Spec):
+    """An extra ``prime`` subcommand: a ``typer.Typer`` app (a group) or a plain function
+    (one command). ``parent`` nests it under an existing group, e.g. ``("slurm",)``."""
+
+    app: Any
+    parent: Sequence[str] = ()
