@@ -1,0 +1,1 @@
+"""prime-plugin-tasks: Built-in procedurally generated RL tasks (no downloads)."""

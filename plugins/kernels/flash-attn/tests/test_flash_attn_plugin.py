@@ -1,0 +1,17 @@
+"""prime-plugin-flash-attn loads through its entry point and claims nothing it cannot do yet."""
+
+from prime_core import PLUGIN_API_VERSION
+from prime_core.plugins import PluginManager
+
+import prime_plugin_flash_attn.plugin as plugin
+
+
+def test_declares_the_plugin_api():
+    assert plugin.PRIME_PLUGIN_API == PLUGIN_API_VERSION
+
+
+def test_loads_as_active_and_provides_nothing_yet():
+    manager = PluginManager(autoload=True, disabled=()).load()
+    record = manager.records["flash_attn"]
+    assert (record.status, record.dist) == ("active", "prime-plugin-flash-attn")
+    assert manager.provided_by(record) == {}

@@ -1,0 +1,1 @@
+"""prime-plugin-liger: liger-kernel's RMSNorm, SwiGLU, RoPE and fused linear cross-entropy."""

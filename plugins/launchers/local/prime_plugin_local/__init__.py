@@ -1,0 +1,1 @@
+"""prime-plugin-local: Runs every role on this machine as child processes and stops them together."""

@@ -1,0 +1,1 @@
+"""prime-plugin-hf: Any Hugging Face transformers causal LM as the policy."""

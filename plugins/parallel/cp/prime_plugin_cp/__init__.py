@@ -1,0 +1,1 @@
+"""prime-plugin-cp: Context parallelism (ring and ulysses) for long sequences."""

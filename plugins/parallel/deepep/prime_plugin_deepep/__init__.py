@@ -1,0 +1,1 @@
+"""prime-plugin-deepep: DeepEP dispatch/combine kernels as an expert-parallel backend."""

@@ -1,0 +1,1 @@
+"""prime-plugin-ep: Expert parallelism for MoE models, with a torch all-to-all backend."""

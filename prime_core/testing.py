@@ -1,0 +1,121 @@
+"""pytest fixtures for testing prime plugins (and prime itself).
+
+Opt in from a test module or ``conftest.py``::
+
+    pytest_plugins = ["prime_core.testing"]
+
+Fixtures:
+
+- ``plugin_manager``: a fresh ``PluginManager`` holding only the core's built-in plugin (no
+  entry points loaded), installed as the process-wide manager for the test.
+- ``register_plugin(obj, name=None)``: register a plugin object (a module or an instance
+  with ``@hookimpl`` methods) in that manager; unregistered after the test.
+- ``fake_distribution(dist, entry_points=..., files=..., version=...)``: make an installed
+  distribution without pip (a ``.dist-info`` folder and its modules on ``sys.path``), so
+  entry-point discovery, versions and import failures are tested for real. Returns a
+  function that builds a fresh, autoloading manager: ``fake_distribution(...)`` then
+  ``discover()``.
+- ``prime_cli(*args, env=None)``: run the ``prime`` CLI in-process against the test's
+  manager; returns click's ``Result`` (``exit_code``, ``output``, ``stdout``, ``stderr``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from prime_core import ENTRY_POINT_GROUP
+from prime_core.plugins import CONTROL_ENV, PluginManager, set_plugin_manager
+
+
+def fresh_manager(*, autoload: bool = False) -> PluginManager:
+    import prime_core.builtin
+
+    manager = PluginManager(autoload=autoload, disabled=())
+    if not autoload:
+        manager.load()
+        manager.register(prime_core.builtin, name="core", dist="prime-core", check_api=True)
+    return manager.load()
+
+
+@pytest.fixture
+def plugin_manager(monkeypatch) -> PluginManager:
+    for name in CONTROL_ENV:
+        monkeypatch.delenv(name, raising=False)
+    manager = fresh_manager()
+    set_plugin_manager(manager)
+    yield manager
+    set_plugin_manager(None)
+
+
+@pytest.fixture
+def register_plugin(plugin_manager) -> Callable:
+    added: list[str] = []
+
+    def register(obj, name: str | None = None, **kwargs):
+        record = plugin_manager.register(obj, name=name, **kwargs)
+        added.append(record.name)
+        plugin_manager.__dict__.pop("_schemas", None)
+        return record
+
+    yield register
+    for name in added:
+        plugin_manager.unregister(name)
+
+
+@pytest.fixture
+def fake_distribution(tmp_path, monkeypatch) -> Callable:
+    site = tmp_path / "fake-site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    modules: list[str] = []
+
+    def make(dist: str, *, entry_points: dict[str, str] | None = None, files: dict[str, str] | None = None,
+             version: str = "1.0.0", group: str = ENTRY_POINT_GROUP) -> Callable[[], PluginManager]:
+        normalized = dist.replace("-", "_")
+        info = site / f"{normalized}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        lines = [f"[{group}]"] + [f"{k} = {v}" for k, v in (entry_points or {}).items()]
+        (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+        for relative, text in (files or {}).items():
+            path = site / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            modules.append(Path(relative).with_suffix("").as_posix().replace("/", "."))
+        importlib.invalidate_caches()
+        return discover
+
+    def discover() -> PluginManager:
+        manager = PluginManager(autoload=True, disabled=None)
+        set_plugin_manager(manager)
+        return manager.load()
+
+    for name in CONTROL_ENV:
+        monkeypatch.delenv(name, raising=False)
+    yield make
+    set_plugin_manager(None)
+    for name in modules:
+        for key in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:
+            del sys.modules[key]
+    importlib.invalidate_caches()
+
+
+@pytest.fixture
+def prime_cli(monkeypatch) -> Callable:
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    from prime_core.cli.app import build_app
+    from prime_core.plugins import get_plugin_manager
+
+    def invoke(*args: str, env: dict[str, str] | None = None):
+        manager = get_plugin_manager()
+        command = get_command(build_app(manager))
+        return CliRunner().invoke(command, list(args), env=env, prog_name="prime")
+
+    return invoke
