@@ -108,7 +108,7 @@ def prime_ep_backends() -> Iterable[EPBackend]:
 def prime_kernels() -> Iterable[Kernel]:
     """Provide op implementations, registered as ``op:name``.
 
-    The model implementation looks kernels up by op (``lm_head``, ``rmsnorm``, ``attention``,
+    Called when the trainer builds its model: the model implementation looks kernels up by op (``lm_head``, ``rmsnorm``, ``attention``,
     ``fp8_linear``). ``available()`` explains why a kernel cannot run here (no GPU, missing
     package); an explicit choice then fails with that reason and ``auto`` falls back.
 
@@ -167,6 +167,8 @@ def prime_launchers() -> Iterable[Launcher]:
 def prime_environments() -> Iterable[Environment]:
     """Provide RL environments (tasks and a rubric), selected by ``orchestrator.env[].id``.
 
+    Called when the orchestrator starts, and by ``prime config validate``.
+
     Example::
 
         @hookimpl
@@ -179,7 +181,8 @@ def prime_environments() -> Iterable[Environment]:
 def prime_weight_transports() -> Iterable[WeightTransport]:
     """Provide ways to publish trainer weights and load them for inference.
 
-    Selected by ``weight_broadcast.type`` (``filesystem``, ``nccl``).
+    Selected by ``weight_broadcast.type`` (``filesystem``, ``nccl``); called when the trainer
+    and the orchestrator start.
 
     Example::
 
@@ -193,7 +196,8 @@ def prime_weight_transports() -> Iterable[WeightTransport]:
 def prime_algorithms() -> Iterable[Algorithm]:
     """Provide advantage estimators and losses, registered as ``kind:name``.
 
-    Selected by ``orchestrator.advantage.type`` and ``trainer.loss.type``.
+    Selected by ``orchestrator.advantage.type`` and ``trainer.loss.type``; called when the
+    orchestrator and the trainer start.
 
     Example::
 

@@ -309,14 +309,15 @@ class PluginManager:
 
     # ---------------------------------------------------------------- selection
 
-    def select(self, kind: str, name: str, *, key: str | None = None) -> specs.Spec:
+    def select(self, kind: str, name: str, *, key: str | None = None, shown: str | None = None) -> specs.Spec:
         """The spec registered as ``name`` in registry ``kind``, usable on this machine.
 
-        ``key`` is the config key that asked for it, used in the error message.
+        ``key`` is the config key that asked for it and ``shown`` the value as the user wrote
+        it (without a registry prefix such as ``loss:``); both only shape the error message.
         """
         reg = REGISTRIES[kind]
         entries = self.registry(kind)
-        where = f"{key} = '{name}'" if key else f"{reg.noun} '{name}'"
+        where = f"{key} = '{shown or name}'" if key else f"{reg.noun} '{name}'"
         if name in entries:
             reason = entries[name].spec.unavailable_reason()
             if reason:
@@ -326,7 +327,8 @@ class PluginManager:
                 )
             return entries[name].spec
         available = ", ".join(entries) or "none"
-        message = f"{where}: no installed plugin provides a {reg.noun} named '{name}'" + did_you_mean(
+        article = "an" if reg.noun[0] in "aeiou" else "a"
+        message = f"{where}: no installed plugin provides {article} {reg.noun} named '{name}'" + did_you_mean(
             name, entries
         )
         hint = self._inactive_hint(name)

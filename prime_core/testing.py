@@ -108,7 +108,7 @@ def fake_distribution(tmp_path, monkeypatch) -> Callable:
 @pytest.fixture
 def prime_cli(monkeypatch) -> Callable:
     from typer.main import get_command
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     from prime_core.cli.app import build_app
     from prime_core.plugins import get_plugin_manager

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from typing import TYPE_CHECKING
 
 from prime_core.plugins import PluginManager, get_plugin_manager
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 
 def load_config(root: str, tokens: list[str], manager: PluginManager | None = None) -> BaseModel:

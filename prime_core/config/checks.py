@@ -53,7 +53,7 @@ def _check_one(manager: PluginManager, key: str, value: Any, marker: Selects | R
         if value in marker.skip:
             return None
         try:
-            manager.select(marker.registry, f"{marker.prefix}{value}", key=key)
+            manager.select(marker.registry, f"{marker.prefix}{value}", key=key, shown=str(value))
         except PluginError as exc:
             return str(exc)
         return None
@@ -64,7 +64,7 @@ def _check_one(manager: PluginManager, key: str, value: Any, marker: Selects | R
         if any(entries[k].spec.unavailable_reason() is None for k in matches):
             return None
         reasons = "; ".join(f"{k}: {entries[k].spec.unavailable_reason()}" for k in matches)
-        return f"{key} = {value!r} needs a {noun} '{marker.name}'" + (
+        return f"{key} = {value!r} needs {noun} '{marker.name}'" + (
             f", but none can run here ({reasons})" if matches else ", which no installed plugin provides"
         )
     try:

@@ -58,7 +58,7 @@ def format_validation_error(exc: ValidationError, schema: type[BaseModel],
         where = _source(provenance, tuple(p for p in loc))
         kind = error["type"]
         if kind == "extra_forbidden":
-            parent = model_at(schema, loc[:-1])
+            parent = model_at(schema, raw_loc[:-1])
             leaf = str(loc[-1])
             siblings = field_names(parent) if parent is not None else set()
             hint = did_you_mean(leaf, siblings)

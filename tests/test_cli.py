@@ -1,0 +1,159 @@
+"""The `prime` command line: commands, exit codes, plugin commands, and start-up cost."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import typer
+
+from prime_core import hookimpl
+from prime_core.specs import CliCommand
+
+
+def test_help_lists_every_command(prime_cli, plugin_manager):
+    result = prime_cli("--help")
+    assert result.exit_code == 0
+    for command in ("run", "config", "plugins", "plugin", "trainer", "orchestrator", "inference", "sft"):
+        assert command in result.output
+
+
+def test_version(prime_cli, plugin_manager):
+    result = prime_cli("--version")
+    assert result.exit_code == 0 and result.output.startswith("prime-core ")
+
+
+def test_role_commands_say_plainly_that_they_cannot_run(prime_cli, plugin_manager):
+    for role in ("trainer", "orchestrator", "inference", "sft"):
+        result = prime_cli(role)
+        assert result.exit_code == 3, (role, result.output)
+        assert f"the {role} role is not implemented" in result.output
+        assert "Traceback" not in result.output
+
+
+def test_role_commands_validate_their_config_first(prime_cli, plugin_manager, tmp_path):
+    result = prime_cli("trainer", "--optim.lr", "fast")
+    assert result.exit_code == 2 and "optim.lr" in result.output
+
+
+def test_config_show_formats(prime_cli, plugin_manager):
+    as_json = json.loads(prime_cli("config", "show", "--format", "json", "--max-steps", "3").stdout)
+    assert as_json["trainer"]["max_steps"] == 3
+    assert "max_steps: 3" in prime_cli("config", "show", "--format", "yaml", "--max-steps", "3").stdout
+    assert "max_steps = 3" in prime_cli("config", "show", "--max-steps", "3").stdout
+    assert prime_cli("config", "show", "--format", "xml").exit_code == 2
+    assert prime_cli("config", "show", "--root", "nope").exit_code == 2
+
+
+def test_config_validate_reports_missing_capabilities(prime_cli, plugin_manager):
+    result = prime_cli("config", "validate", "--trainer.model.ep", "8", "--orchestrator.env", '[{"id": "reverse_text"}]')
+    assert result.exit_code == 2
+    assert "trainer.model.ep = 8 needs the parallel strategy 'ep'" in result.output
+    assert "orchestrator.env[0].id = 'reverse_text': no installed plugin provides an environment named" in result.output
+    assert "orchestrator.advantage.type = 'grpo': no installed plugin provides an algorithm named 'advantage:grpo'" \
+        in result.output
+
+
+def test_config_validate_passes_when_everything_is_provided(prime_cli, register_plugin):
+    from prime_core.specs import Algorithm, Environment, InferenceBackend, Launcher, Router, WeightTransport
+
+    class Everything:
+        @hookimpl
+        def prime_launchers(self):
+            return [Launcher(name="here", plan=print, launch=print)]
+
+        @hookimpl
+        def prime_select_launcher(self, config):
+            return "here"
+
+        @hookimpl
+        def prime_routers(self):
+            return [Router(name="round_robin", make=print)]
+
+        @hookimpl
+        def prime_environments(self):
+            return [Environment(name="count", load=print)]
+
+        @hookimpl
+        def prime_inference_backends(self):
+            return [InferenceBackend(name="vllm", server=print)]
+
+        @hookimpl
+        def prime_weight_transports(self):
+            return [WeightTransport(name="filesystem", publisher=print, loader=print)]
+
+        @hookimpl
+        def prime_algorithms(self):
+            return [Algorithm(name="grpo", kind="advantage", fn=print), Algorithm(name="default", kind="loss", fn=print)]
+
+    register_plugin(Everything(), name="everything")
+    result = prime_cli("config", "validate", "--orchestrator.env", '[{"id": "count"}]')
+    assert result.exit_code == 0, result.output
+    assert "config is valid" in result.output
+
+
+def test_plugin_validators_and_required_plugins(prime_cli, register_plugin):
+    class Picky:
+        @hookimpl
+        def prime_validate_config(self, config, root):
+            if config.max_steps == 13:
+                yield "max_steps: 13 is unlucky; pick another"
+
+    register_plugin(Picky(), name="picky")
+    result = prime_cli("config", "validate", "--max-steps", "13", "--required-plugins", "deepep", "picky")
+    assert "max_steps: 13 is unlucky" in result.output
+    assert "required_plugins: plugin 'deepep' is not active (not installed)" in result.output
+    assert "plugin 'picky' is not active" not in result.output
+
+
+def test_plugin_cli_commands_are_added_and_clashes_reported(prime_cli, register_plugin):
+    tools = typer.Typer()
+
+    @tools.command()
+    def ping() -> None:
+        typer.echo("pong")
+
+    def single() -> None:
+        typer.echo("single command")
+
+    class Commands:
+        @hookimpl
+        def prime_cli_commands(self):
+            return [CliCommand(name="tools", app=tools), CliCommand(name="solo", app=single),
+                    CliCommand(name="run", app=single)]
+
+    register_plugin(Commands(), name="commands")
+    assert prime_cli("tools", "ping").output.strip() == "pong"
+    assert prime_cli("solo").output.strip() == "single command"
+    listed = json.loads(prime_cli("plugins", "list", "--json").stdout)
+    assert any("'run' clashes with a built-in command" in c for c in listed["cli_conflicts"])
+
+
+def test_dry_run_without_a_launcher_still_writes_configs(prime_cli, plugin_manager, tmp_path):
+    result = prime_cli("run", "--output-dir", str(tmp_path), "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "configs" / "trainer.json").is_file()
+    assert "a real run would stop here" in result.output
+
+
+def test_run_refuses_before_writing_anything_when_not_runnable(prime_cli, plugin_manager, tmp_path):
+    result = prime_cli("run", "--output-dir", str(tmp_path / "out"))
+    assert result.exit_code == 2
+    assert not (tmp_path / "out").exists()
+
+
+def test_help_is_fast_and_imports_nothing_heavy():
+    code = (
+        "import sys, time; t = time.perf_counter();"
+        "from prime_core.cli.app import build_app; build_app();"
+        "print(time.perf_counter() - t);"
+        "print(','.join(m for m in ('torch', 'transformers', 'vllm', 'pydantic', 'dynaconf') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[1] == "", f"building the CLI imported {out[1]}"
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "prime_core", "--help"], capture_output=True, check=True,
+                   env={**os.environ, "COLUMNS": "100"})
+    elapsed = time.perf_counter() - start
+    assert elapsed < 5.0, f"prime --help took {elapsed:.2f} s"
