@@ -10,7 +10,7 @@ from prime_core.config.cli_args import parse_args
 from prime_core.config.load import load
 from prime_core.errors import ConfigError
 
-SEEDS = Path(__file__).parent / "data" / "seeds"
+SEEDS = Path(__file__).resolve().parents[1] / "examples" / "seeds"
 
 
 def write(path: Path, text: str) -> Path:

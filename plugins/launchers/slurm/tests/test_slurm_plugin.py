@@ -7,7 +7,7 @@ from prime_core import PLUGIN_API_VERSION
 
 pytest_plugins = ["prime_core.testing"]
 
-SEEDS = Path(__file__).parents[4] / "tests" / "data" / "seeds"
+SEEDS = Path(__file__).resolve().parents[4] / "examples" / "seeds"
 
 
 def test_declares_the_plugin_api():
