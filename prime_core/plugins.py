@@ -23,7 +23,6 @@ import sys
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any, Literal
 
 import pluggy
@@ -364,6 +363,3 @@ def set_plugin_manager(manager: PluginManager | None) -> None:
     global _MANAGER
     _MANAGER = manager
 
-
-def module_plugin_api(module: ModuleType) -> int | None:
-    return getattr(module, "PRIME_PLUGIN_API", None)

@@ -195,3 +195,17 @@ def test_autoload_can_be_switched_off(fake_distribution, monkeypatch):
     fake_distribution("prime-plugin-first", entry_points={"first": "first_router"}, files={"first_router.py": GOOD})
     monkeypatch.setenv("PRIME_DISABLE_PLUGIN_AUTOLOAD", "1")
     assert PluginManager().load().records == {}
+
+
+def test_cli_warns_once_about_a_failed_plugin_and_goes_on(fake_distribution, capsys):
+    from prime_core.cli.app import main
+
+    fake_distribution("prime-plugin-broken", entry_points={"broken": "broken_mod"},
+                      files={"broken_mod.py": "raise ImportError('libcuda.so.1 not found')\n"})
+    with pytest.raises(SystemExit) as exit_info:
+        main(["config", "show", "--format", "json", "--max-steps", "2"])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 0
+    assert json.loads(captured.out)["max_steps"] == 2
+    assert captured.err.count("plugin 'broken' (prime-plugin-broken 1.0.0) failed to load") == 1
+    assert "libcuda.so.1 not found" in captured.err

@@ -49,8 +49,7 @@ def run(tokens: list[str]) -> int:
 def register(app: typer.Typer) -> None:
     @app.command("run", context_settings=CONFIG_ARGS)
     def run_command(ctx: typer.Context) -> None:
-        """Run the RL stack: CONFIG... are files (a.toml b.yaml, or @ a.toml @ b.toml) and
-        --key value overrides. --dry-run writes the resolved configs and plan only."""
+        """Run the RL stack. CONFIG... are files (a.toml b.yaml, or @ a.toml @ b.toml) and --key value overrides; --dry-run writes the resolved configs and the plan and starts nothing."""
         code = run(ctx.args)
         if code:
             raise typer.Exit(code)
