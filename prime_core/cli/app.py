@@ -75,7 +75,7 @@ def build_app(manager: PluginManager | None = None) -> typer.Typer:
             [], "--disable-plugin", metavar="NAME",
             help=f"Do not load this plugin (repeatable; also {DISABLED_ENV}=a,b).",
         ),
-        version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, is_flag=True,
+        version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                      help="Show the version and exit."),
     ) -> None:
         # --disable-plugin is applied before the app is built (see main); nothing to do here.
