@@ -134,13 +134,17 @@ class Kernel(Spec):
 
 @dataclass(frozen=True, kw_only=True)
 class InferenceBackend(Spec):
-    """An inference server (``inference.backend``).
+    """An inference server (``inference.backend``, ``orchestrator.client.backend``).
 
-    ``server(config)`` returns an object with ``start()``, ``wait_healthy(timeout)``,
-    ``stop()``, ``update_weights(path)`` and ``base_url``.
+    ``server(config)`` (config: the ``inference`` section) returns the process manager the
+    ``inference`` role runs: ``start()``, ``wait_healthy(timeout)``, ``wait() -> exit code``,
+    ``stop()``, ``base_url``. ``admin(base_url)`` returns the client the orchestrator uses on
+    a running server: ``health() -> bool``, ``update_weights(path)`` (load a Hugging Face
+    checkpoint folder into the live server) and ``reset_prefix_cache()``.
     """
 
     server: Callable[..., Any]
+    admin: Callable[..., Any]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,24 +16,35 @@ ROLE_HELP = {
 }
 
 
-def run_role(role: str, tokens: list[str]) -> None:
+def run_role(role: str, tokens: list[str]) -> int:
+    """Load ``role``'s config and run its loop (``prime_core.<role>.role:run``)."""
+    import importlib
+
     from prime_core import __version__
     from prime_core.errors import RoleNotAvailable
     from prime_core.plugins import get_plugin_manager
 
     config = load_config(role, tokens)
     get_plugin_manager().hook.prime_configure(config=config, role=role)
-    # The config and the command exist so that launchers and users can already target them;
-    # the loop itself is not part of this version. Say so instead of pretending to run.
-    raise RoleNotAvailable(
-        f"the {role} role is not implemented in prime-core {__version__}: its config loaded and "
-        "validated, but this version has no loop to run it"
-    )
+    try:
+        module = importlib.import_module(f"prime_core.{role}.role")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"prime_core.{role}.role":
+            raise
+        # The config and the command exist so that launchers and users can already target
+        # them; say so instead of pretending to run.
+        raise RoleNotAvailable(
+            f"the {role} role is not implemented in prime-core {__version__}: its config loaded and "
+            "validated, but this version has no loop to run it"
+        ) from None
+    return module.run(config)
 
 
 def _command(role: str, help_text: str):
     def command(ctx: typer.Context) -> None:
-        run_role(role, ctx.args)
+        code = run_role(role, ctx.args)
+        if code:
+            raise typer.Exit(code)
 
     command.__doc__ = f"{help_text} CONFIG... are files and --key value overrides."
     return command

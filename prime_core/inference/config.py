@@ -43,6 +43,10 @@ class InferenceConfig(Section):
     deployment: Annotated[InferenceDeployment, infer_deployment_type] = Field(
         default_factory=InferenceSingleNodeDeployment
     )
+    startup_timeout: float = Field(default=600.0, gt=0)
+    """Seconds to wait for the server to become healthy before giving up."""
     args: dict[str, Any] = Field(default_factory=dict)
     """Extra server arguments passed through unchanged (any vLLM flag, e.g. ``max_num_seqs``)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for the server process."""
     log: LogConfig = Field(default_factory=LogConfig)

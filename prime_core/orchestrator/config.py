@@ -19,6 +19,11 @@ class ClientConfig(Section):
     api_key_var: str = "OPENAI_API_KEY"
     """Environment variable holding the API key, if the server needs one."""
     timeout: float = Field(default=600.0, gt=0)
+    """Seconds one request may take."""
+    backend: Annotated[str, Selects("inference_backends")] = "vllm"
+    """What serves ``base_url``: decides how weights are loaded into it."""
+    health_timeout: float = Field(default=600.0, gt=0)
+    """Seconds to wait for the servers to become healthy at start-up."""
     router: Annotated[str, Selects("routers")] = "round_robin"
 
     @model_validator(mode="before")

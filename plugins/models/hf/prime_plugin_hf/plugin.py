@@ -1,9 +1,51 @@
-"""Hooks of prime-plugin-hf.
+"""Hooks of prime-plugin-hf: the ``hf`` model implementation (any transformers causal LM)
+and ``prime model tiny``, which builds a small model and tokenizer locally."""
 
-Any Hugging Face transformers causal LM as the policy.
+from __future__ import annotations
 
-Nothing is registered yet: the `hf` model implementation is not implemented in this version, and a
-plugin never claims a capability it does not have.
-"""
+from pathlib import Path
+
+import typer
+
+from prime_core import hookimpl
+from prime_core.specs import CliCommand, ModelImpl
 
 PRIME_PLUGIN_API = 1
+
+model_cli = typer.Typer(help="Build and inspect models.", no_args_is_help=True)
+
+
+@model_cli.command("tiny")
+def tiny(
+    out: Path = typer.Argument(..., help="Folder to write the model and tokenizer to."),
+    hidden_size: int = typer.Option(128, help="Hidden size."),
+    num_layers: int = typer.Option(2, help="Transformer blocks."),
+    num_heads: int = typer.Option(4, help="Attention heads."),
+    num_kv_heads: int = typer.Option(2, help="Key/value heads."),
+    head_dim: int = typer.Option(32, help="Head size (vLLM on CPU needs 32, 64, 80, ...)."),
+    dtype: str = typer.Option("float32", help="float32 or bfloat16."),
+    seed: int = typer.Option(0, help="Initialisation seed."),
+) -> None:
+    """Build a small random Qwen3 model and a byte-level tokenizer with a chat template (no downloads)."""
+    from prime_plugin_hf.tiny import build_tiny
+
+    path = build_tiny(out, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                      num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, seed=seed)
+    typer.echo(f"wrote {path}")
+
+
+def _build(model_config, **kwargs):
+    from prime_plugin_hf.model import build
+
+    return build(model_config, **kwargs)
+
+
+@hookimpl
+def prime_model_impls():
+    return [ModelImpl(name="hf", build=_build, supports=lambda hf_config: True, priority=0,
+                      description="any transformers causal LM")]
+
+
+@hookimpl
+def prime_cli_commands():
+    return [CliCommand(name="model", app=model_cli, description="Build and inspect models.")]
