@@ -77,7 +77,7 @@ def test_config_validate_passes_when_everything_is_provided(prime_cli, register_
 
         @hookimpl
         def prime_inference_backends(self):
-            return [InferenceBackend(name="vllm", server=print)]
+            return [InferenceBackend(name="vllm", server=print, admin=print)]
 
         @hookimpl
         def prime_weight_transports(self):
