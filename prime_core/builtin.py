@@ -3,12 +3,11 @@ same hooks and entry-point group as any third-party plugin (name ``core``)."""
 
 from __future__ import annotations
 
-import json
-import os
+import time
 from pathlib import Path
 
 from prime_core import hookimpl
-from prime_core.specs import Monitor
+from prime_core.specs import Algorithm, Monitor, Router, WeightTransport
 
 PRIME_PLUGIN_API = 1
 
@@ -16,25 +15,84 @@ PRIME_PLUGIN_API = 1
 class JsonlMonitor:
     """Appends one JSON object per step to ``<output_dir>/metrics.jsonl``.
 
-    Each line is flushed and fsynced, so a crash loses at most the step being written.
+    Each line is written under a lock, flushed and fsynced, so roles sharing the file never
+    interleave and a crash loses at most the step being written.
     """
 
     def __init__(self, config=None, *, output_dir: str | Path, role: str) -> None:
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.role = role
-        self._file = self.path.open("a", encoding="utf-8")
 
     def log(self, metrics: dict, step: int) -> None:
-        record = {"step": step, "role": self.role, **metrics}
-        self._file.write(json.dumps(record, default=float) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        from prime_core.metrics import append_jsonl
+
+        append_jsonl(self.path, {"step": step, "role": self.role, "time": time.time(), **metrics})
 
     def close(self) -> None:
-        self._file.close()
+        pass
+
+
+class RoundRobin:
+    """Sends each request to the next replica in turn."""
+
+    def __init__(self, urls) -> None:
+        self.urls = list(urls)
+        self._next = 0
+
+    def pick(self, request=None) -> str:
+        url = self.urls[self._next % len(self.urls)]
+        self._next += 1
+        return url
+
+    def done(self, url: str) -> None:
+        pass
+
+
+def _publisher(config=None, **kwargs):
+    from prime_core.weights import FilesystemPublisher
+
+    return FilesystemPublisher(config, **kwargs)
+
+
+def _loader(config=None, **kwargs):
+    from prime_core.weights import FilesystemLoader
+
+    return FilesystemLoader(config, **kwargs)
+
+
+def _grpo(rewards):
+    from prime_core.algorithms import grpo_advantages
+
+    return grpo_advantages(rewards)
+
+
+def _default_loss(*args, **kwargs):
+    from prime_core.algorithms import default_loss
+
+    return default_loss(*args, **kwargs)
 
 
 @hookimpl
 def prime_monitors():
     return [Monitor(name="jsonl", make=JsonlMonitor, description="metrics.jsonl under output_dir")]
+
+
+@hookimpl
+def prime_routers():
+    return [Router(name="round_robin", make=RoundRobin, description="each request to the next replica")]
+
+
+@hookimpl
+def prime_weight_transports():
+    return [WeightTransport(name="filesystem", publisher=_publisher, loader=_loader,
+                            description="safetensors under output_dir/weights/step_N with a STABLE marker")]
+
+
+@hookimpl
+def prime_algorithms():
+    return [
+        Algorithm(name="grpo", kind="advantage", fn=_grpo, description="r - mean(r) within each group"),
+        Algorithm(name="default", kind="loss", fn=_default_loss,
+                  description="importance ratio vs inference logprobs, probability-difference masking, KL term"),
+    ]

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import typer
 
 from prime_core import hookimpl
@@ -24,12 +25,22 @@ def test_version(prime_cli, plugin_manager):
     assert result.exit_code == 0 and result.output.startswith("prime-core ")
 
 
-def test_role_commands_say_plainly_that_they_cannot_run(prime_cli, plugin_manager):
-    for role in ("trainer", "orchestrator", "inference", "sft"):
-        result = prime_cli(role)
-        assert result.exit_code == 3, (role, result.output)
-        assert f"the {role} role is not implemented" in result.output
-        assert "Traceback" not in result.output
+def test_role_without_a_loop_says_so_plainly(prime_cli, plugin_manager, monkeypatch):
+    import prime_core.cli.roles as roles
+
+    monkeypatch.setitem(roles.ROLE_HELP, "evaluator", "Evaluate.")
+    monkeypatch.setattr(roles, "load_config", lambda role, tokens: None)
+    app_result = prime_cli("--help")
+    assert app_result.exit_code == 0
+    from prime_core.errors import RoleNotAvailable
+
+    with pytest.raises(RoleNotAvailable, match="the evaluator role is not implemented"):
+        roles.run_role("evaluator", [])
+
+
+def test_roles_refuse_a_model_that_is_not_here(prime_cli, plugin_manager, tmp_path):
+    result = prime_cli("trainer", "--model.name", str(tmp_path / "missing"))
+    assert result.exit_code == 2 and "model folder not found" in result.output
 
 
 def test_role_commands_validate_their_config_first(prime_cli, plugin_manager, tmp_path):
@@ -51,12 +62,13 @@ def test_config_validate_reports_missing_capabilities(prime_cli, plugin_manager)
     assert result.exit_code == 2
     assert "trainer.model.ep = 8 needs the parallel strategy 'ep'" in result.output
     assert "orchestrator.env[0].id = 'reverse_text': no installed plugin provides an environment named" in result.output
-    assert "orchestrator.advantage.type = 'grpo': no installed plugin provides an algorithm named 'advantage:grpo'" \
+    result = prime_cli("config", "validate", "--orchestrator.advantage.type", "ppo")
+    assert "orchestrator.advantage.type = 'ppo': no installed plugin provides an algorithm named 'advantage:ppo'" \
         in result.output
 
 
 def test_config_validate_passes_when_everything_is_provided(prime_cli, register_plugin):
-    from prime_core.specs import Algorithm, Environment, InferenceBackend, Launcher, Router, WeightTransport
+    from prime_core.specs import Environment, InferenceBackend, Launcher
 
     class Everything:
         @hookimpl
@@ -68,10 +80,6 @@ def test_config_validate_passes_when_everything_is_provided(prime_cli, register_
             return "here"
 
         @hookimpl
-        def prime_routers(self):
-            return [Router(name="round_robin", make=print)]
-
-        @hookimpl
         def prime_environments(self):
             return [Environment(name="count", load=print)]
 
@@ -79,13 +87,6 @@ def test_config_validate_passes_when_everything_is_provided(prime_cli, register_
         def prime_inference_backends(self):
             return [InferenceBackend(name="vllm", server=print, admin=print)]
 
-        @hookimpl
-        def prime_weight_transports(self):
-            return [WeightTransport(name="filesystem", publisher=print, loader=print)]
-
-        @hookimpl
-        def prime_algorithms(self):
-            return [Algorithm(name="grpo", kind="advantage", fn=print), Algorithm(name="default", kind="loss", fn=print)]
 
     register_plugin(Everything(), name="everything")
     result = prime_cli("config", "validate", "--orchestrator.env", '[{"id": "count"}]')

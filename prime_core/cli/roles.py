@@ -24,12 +24,15 @@ def run_role(role: str, tokens: list[str]) -> int:
     from prime_core.errors import RoleNotAvailable
     from prime_core.plugins import get_plugin_manager
 
+    from prime_core.hub import default_offline
+
+    default_offline()
     config = load_config(role, tokens)
     get_plugin_manager().hook.prime_configure(config=config, role=role)
     try:
         module = importlib.import_module(f"prime_core.{role}.role")
     except ModuleNotFoundError as exc:
-        if exc.name != f"prime_core.{role}.role":
+        if exc.name not in (f"prime_core.{role}", f"prime_core.{role}.role"):
             raise
         # The config and the command exist so that launchers and users can already target
         # them; say so instead of pretending to run.

@@ -33,6 +33,7 @@ SHARED_KEYS: dict[str, tuple[str, ...]] = {
     "ckpt": ("trainer", "orchestrator"),
     "wandb": ("trainer", "orchestrator"),
     "weight_broadcast": ("trainer", "orchestrator"),
+    "resume": ("trainer", "orchestrator"),
 }
 
 # The flat top-level keys of prime-rl's older `rl_slurm` docs, and where they live now.
@@ -73,6 +74,8 @@ class RLConfig(Section):
     """Launcher plugin (``local``, ``torchrun``, ``slurm``); ``auto`` lets plugins decide."""
     dry_run: bool = False
     """Write the resolved configs and the launch plan, start nothing."""
+    resume: bool = False
+    """Continue from the newest complete checkpoint under ``output_dir/checkpoints``."""
     env_vars: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for every role process."""
     required_plugins: list[str] = Field(default_factory=list)

@@ -72,6 +72,11 @@ class OrchestratorConfig(Section):
     """Completions sampled per prompt (a GRPO group); ``group_size`` is accepted too."""
     max_off_policy_steps: int = Field(default=8, ge=0)
     """Samples from a policy older than this many steps are dropped."""
+    async_level: int = Field(default=1, ge=0)
+    """How many steps the orchestrator may run ahead of the trainer: the batch of step N is
+    only handed over once the policy of step N-1-async_level is loaded for inference."""
+    resume: bool = False
+    """Continue after the newest complete trainer checkpoint."""
     seq_len: int = Field(default=2048, ge=1)
     max_steps: int | None = Field(default=None, ge=1)
     seed: int = 0

@@ -125,7 +125,9 @@ class TrainerConfig(Section):
     weight_broadcast: WeightBroadcastConfig = Field(default_factory=WeightBroadcastConfig)
     max_steps: int | None = Field(default=None, ge=1)
     seq_len: int = Field(default=2048, ge=1)
-    micro_batch_size: int = Field(default=1, ge=1)
+    resume: bool = False
+    """Continue from the newest complete checkpoint under ``output_dir/checkpoints``."""
+    seed: int = 0
     wandb: WandbConfig | None = None
     log: LogConfig = Field(default_factory=LogConfig)
 

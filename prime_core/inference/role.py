@@ -1,0 +1,51 @@
+"""The ``inference`` role: run the configured backend's server until it exits or we are told to stop.
+
+The backend (``inference.backend``) comes from a plugin. SIGTERM (how launchers stop a role)
+and SIGINT stop the server and end the role with exit code 0; a server that dies by itself
+ends it with the server's exit code.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum, frame):
+    raise _Stop(signum)
+
+
+def run(config) -> int:
+    from prime_core.plugins import get_plugin_manager
+
+    backend = get_plugin_manager().select("inference_backends", config.backend, key="inference.backend")
+    server = backend.server(config)
+    log = getattr(server, "log_path", None)
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        try:
+            print(f"starting {config.backend} server" + (f" (log: {log})" if log else ""), flush=True)
+            server.start()
+            server.wait_healthy(config.startup_timeout)
+            print(f"inference ready at {server.base_url}", flush=True)
+            code = server.wait()
+        except _Stop:
+            return 0
+        finally:
+            # A second signal must not interrupt the clean-up.
+            for sig in previous:
+                signal.signal(sig, signal.SIG_IGN)
+            server.stop()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if code == 0:
+        return 0
+    code = 128 - code if code < 0 else code  # killed by a signal: the shell's convention
+    print(f"error: the {config.backend} inference server exited with code {code}"
+          + (f"; see its log: {log}" if log else ""), file=sys.stderr, flush=True)
+    return code

@@ -1,0 +1,116 @@
+"""Training samples, their packing into ``seq_len`` micro-batches, and the step files that
+carry them from the orchestrator to the trainer.
+
+A micro-batch is one row of at most ``seq_len`` tokens holding several samples back to back;
+``position_ids`` restart at 0 at each sample, which is how the trainer rebuilds the
+block-diagonal attention mask so samples never attend to each other. Per-token arrays are
+aligned with ``input_ids``: ``loss_mask[t]`` says whether token ``t`` is trained on (a
+completion token), ``inference_logprobs[t]`` is the sampler's log-probability of token ``t``
+and ``advantages[t]`` its advantage.
+
+Step files live at ``output_dir/rollouts/step_N/batch.json``, written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from prime_core.launch.plan import atomic_write_text
+
+
+@dataclass
+class TrainingSample:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_logprobs: list[float]
+    advantage: float
+    reward: float
+    version: int
+    """The policy version (trainer step) the completion was sampled with."""
+    env: str = ""
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+@dataclass
+class MicroBatch:
+    input_ids: list[int] = field(default_factory=list)
+    position_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    advantages: list[float] = field(default_factory=list)
+    inference_logprobs: list[float] = field(default_factory=list)
+
+    def add(self, sample: TrainingSample) -> None:
+        n_prompt, n_completion = len(sample.prompt_ids), len(sample.completion_ids)
+        self.input_ids += sample.prompt_ids + sample.completion_ids
+        self.position_ids += list(range(n_prompt + n_completion))
+        self.loss_mask += [0] * n_prompt + [1] * n_completion
+        self.advantages += [0.0] * n_prompt + [sample.advantage] * n_completion
+        self.inference_logprobs += [0.0] * n_prompt + list(sample.completion_logprobs)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def pack(samples: list[TrainingSample], seq_len: int) -> list[MicroBatch]:
+    """First-fit-decreasing into rows of at most ``seq_len`` tokens. A sample longer than
+    ``seq_len`` is cut to it (its tail is not trained on)."""
+    rows: list[MicroBatch] = []
+    for sample in sorted(samples, key=len, reverse=True):
+        if len(sample) > seq_len:
+            keep = max(0, seq_len - len(sample.prompt_ids))
+            sample = TrainingSample(sample.prompt_ids[:seq_len], sample.completion_ids[:keep],
+                                    sample.completion_logprobs[:keep], sample.advantage, sample.reward,
+                                    sample.version, sample.env)
+        for row in rows:
+            if len(row) + len(sample) <= seq_len:
+                row.add(sample)
+                break
+        else:
+            row = MicroBatch()
+            row.add(sample)
+            rows.append(row)
+    return rows
+
+
+def rollout_dir(output_dir: Path, step: int) -> Path:
+    return Path(output_dir) / "rollouts" / f"step_{step}"
+
+
+def write_batch(output_dir: Path, step: int, micro_batches: list[MicroBatch], *, temperature: float,
+                info: dict) -> Path:
+    path = rollout_dir(output_dir, step) / "batch.json"
+    payload = {"step": step, "temperature": temperature, "info": info,
+               "micro_batches": [asdict(mb) for mb in micro_batches]}
+    atomic_write_text(path, json.dumps(payload))
+    return path
+
+
+def wait_for_batch(output_dir: Path, step: int, *, poll: float = 0.1, timeout: float | None = None) -> dict:
+    """Block until the batch of ``step`` exists, then return it."""
+    path = rollout_dir(output_dir, step) / "batch.json"
+    start = time.monotonic()
+    while not path.exists():
+        if timeout is not None and time.monotonic() - start > timeout:
+            raise TimeoutError(f"no batch for step {step} at {path} after {timeout:.0f} s")
+        time.sleep(poll)
+    return json.loads(path.read_text())
+
+
+def remove_batches_from(output_dir: Path, step: int) -> None:
+    """On resume: batches of ``step`` and later were made for a run that is being redone."""
+    root = Path(output_dir) / "rollouts"
+    if not root.is_dir():
+        return
+    for path in root.glob("step_*"):
+        try:
+            n = int(path.name.split("_", 1)[1])
+        except ValueError:
+            continue
+        if n >= step:
+            shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,69 @@
+"""The ``filesystem`` weight transport.
+
+The trainer writes ``output_dir/weights/step_N/`` (a Hugging Face checkpoint folder) through
+a temporary name and a rename, then a ``STABLE`` marker; the orchestrator only ever loads
+folders with the marker, so a half-written checkpoint is never served. Old versions are
+pruned, keeping the newest few.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+MARKER = "STABLE"
+_STEP = re.compile(r"^step_(\d+)$")
+
+
+def weights_dir(output_dir: Path) -> Path:
+    return Path(output_dir) / "weights"
+
+
+class FilesystemPublisher:
+    def __init__(self, config=None, *, output_dir: Path, keep: int = 3) -> None:
+        self.root = weights_dir(output_dir)
+        self.keep = keep
+
+    def publish(self, model, step: int) -> Path:
+        final = self.root / f"step_{step}"
+        tmp = self.root / f".step_{step}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)
+        model.save_pretrained(tmp, safe_serialization=True)
+        tmp.rename(final)
+        (final / MARKER).touch()
+        self._prune(step)
+        return final
+
+    def _prune(self, newest: int) -> None:
+        for step, path in versions(self.root):
+            if step <= newest - self.keep:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+class FilesystemLoader:
+    def __init__(self, config=None, *, output_dir: Path) -> None:
+        self.root = weights_dir(output_dir)
+
+    def latest(self) -> tuple[int, Path] | None:
+        ready = [(s, p) for s, p in versions(self.root) if (p / MARKER).exists()]
+        return max(ready) if ready else None
+
+
+def versions(root: Path) -> list[tuple[int, Path]]:
+    if not root.is_dir():
+        return []
+    out = []
+    for path in root.iterdir():
+        match = _STEP.match(path.name)
+        if match and path.is_dir():
+            out.append((int(match.group(1)), path))
+    return sorted(out)
+
+
+def remove_after(output_dir: Path, step: int) -> None:
+    """On resume: drop published weights newer than the checkpoint we continue from."""
+    for s, path in versions(weights_dir(output_dir)):
+        if s > step:
+            shutil.rmtree(path, ignore_errors=True)
