@@ -23,6 +23,8 @@ def run(tokens: list[str]) -> int:
     if problems and not config.dry_run:
         raise ConfigError(problems, source="this run cannot start")
     console = Console(highlight=False)
+    if not config.dry_run:
+        prepare_output_dir(config)
     paths = write_role_configs(config, config.output_dir)
     console.print(f"resolved configs written to {paths['rl'].parent}", markup=False)
     try:
@@ -44,6 +46,29 @@ def run(tokens: list[str]) -> int:
         return 0
     manager.hook.prime_configure(config=config, role="run")
     return launcher.launch(plan)
+
+
+RUN_OUTPUTS = ("rollouts", "weights", "checkpoints", "logs", "metrics.jsonl", "metrics.superseded.jsonl")
+
+
+def prepare_output_dir(config) -> None:
+    """A new run must not mix with an old one: refuse, clean (``--clean``) or resume (``--resume``)."""
+    import shutil
+
+    from prime_core.errors import PrimeError
+
+    out = config.output_dir
+    previous = [name for name in RUN_OUTPUTS if (out / name).exists()]
+    if not previous or config.resume:
+        return
+    if not config.clean:
+        raise PrimeError(
+            f"output_dir {out} holds a previous run ({', '.join(previous)})",
+            hint="--resume continues it, --clean deletes it, or choose another --output-dir",
+        )
+    for name in previous:
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def register(app: typer.Typer) -> None:

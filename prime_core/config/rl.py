@@ -76,6 +76,8 @@ class RLConfig(Section):
     """Write the resolved configs and the launch plan, start nothing."""
     resume: bool = False
     """Continue from the newest complete checkpoint under ``output_dir/checkpoints``."""
+    clean: bool = False
+    """Delete the previous run's outputs in ``output_dir`` before starting."""
     env_vars: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for every role process."""
     required_plugins: list[str] = Field(default_factory=list)

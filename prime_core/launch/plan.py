@@ -48,6 +48,8 @@ class LaunchPlan:
     notes: list[str] = field(default_factory=list)
     script: Path | None = None
     """For launchers that submit a script (SLURM): the rendered script."""
+    total_steps: int | None = None
+    """For progress displays: the trainer steps the run will take."""
 
     def to_json(self) -> dict:
         data = asdict(self)

@@ -169,15 +169,8 @@ class Orchestrator:
             if self.probe is None:
                 self.probe = await self.probe_logprob()
             while config.max_steps is None or step <= config.max_steps:
-                remaining = (config.max_steps - step + 1) * groups_per_step if config.max_steps else max_inflight
-                while len(inflight) < max_inflight and len(ready) + len(inflight) < remaining + groups_per_step:
-                    inflight.add(asyncio.create_task(self.sample_group(rng)))
+                self._submit(inflight, ready, rng, step, start, groups_per_step, max_inflight)
                 if len(ready) >= groups_per_step:
-                    if self.version < step - 1 - config.async_level or self.version < start - 1:
-                        await asyncio.sleep(0.05)  # wait for the trainer: async bound
-                        await self.load_newest_weights(minimum=start - 1)
-                        await self._collect(inflight, ready, timeout=0)
-                        continue
                     batch = [ready.popleft() for _ in range(groups_per_step)]
                     fresh = [g for g in batch if (step - 1) - g.version <= config.max_off_policy_steps]
                     if len(fresh) < len(batch):
@@ -214,9 +207,24 @@ class Orchestrator:
                 task.cancel()
         metrics.close()
 
+    def _submit(self, inflight: set, ready: deque, rng: random.Random, step: int, start: int,
+                groups_per_step: int, max_inflight: int) -> None:
+        """Start new groups while the policy is fresh enough for the batch they will land in
+        (groups are used first in, first out) and at most ``async_level + 1`` batches ahead."""
+        config = self.config
+        while True:
+            pending = len(inflight) + len(ready)
+            target = step + pending // groups_per_step
+            if pending >= max_inflight or (config.max_steps is not None and target > config.max_steps):
+                return
+            if self.version < max(start - 1, target - 1 - config.async_level):
+                return  # wait for the trainer: the async bound
+            inflight.add(asyncio.create_task(self.sample_group(rng)))
+
     @staticmethod
     async def _collect(inflight: set, ready: deque, timeout: float) -> None:
         if not inflight:
+            await asyncio.sleep(timeout)  # nothing to wait on but the trainer's next weights
             return
         done, _ = await asyncio.wait(inflight, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         for task in done:

@@ -108,7 +108,7 @@ def run(config) -> int:
             logp, _ = token_logprobs(model, ids, pos, with_entropy=False)
             loss = -(logp * mask).sum() / total
             loss.backward()
-            loss_sum += float(loss)
+            loss_sum += float(loss.detach())
             tokens += len(row.input_ids)
         grad_norm = clip_and_step(model, optimizer, scheduler, config.optim.max_norm)
         elapsed = time.perf_counter() - start

@@ -45,7 +45,7 @@ def train_step(model, batch: dict, loss_fn, loss_kwargs: dict, device: str) -> d
                                   tensor("advantages", torch.float32)[0], **loss_kwargs)
         loss = (loss_tok * mask).sum() / total_tokens
         loss.backward()
-        sums["loss"] += float(loss)
+        sums["loss"] += float(loss.detach())
         sums["entropy"] += float((entropy * mask).sum()) / total_tokens
         for key in ("mismatch_kl", "is_masked"):
             if key in extra:

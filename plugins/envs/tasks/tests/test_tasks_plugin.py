@@ -52,3 +52,17 @@ def test_selectable_by_name(register_plugin, prime_cli):
     assert prime_cli("config", "show", "--orchestrator.env", '[{"id": "reverse_text"}]').exit_code == 0
     result = prime_cli("config", "validate", "--orchestrator.env", '[{"id": "reverse_txt"}]')
     assert "did you mean 'reverse_text'" in result.output
+
+
+def test_sft_data_command(register_plugin, prime_cli, tmp_path):
+    import json
+
+    register_plugin(plugin, name="tasks")
+    out = tmp_path / "sft.jsonl"
+    result = prime_cli("envs", "sft-data", "reverse_text", str(out), "--n", "5", "--args", '{"min_len": 4, "max_len": 4}')
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 5
+    for row in rows:
+        *prompt, answer = row["messages"]
+        assert answer["role"] == "assistant" and answer["content"] == prompt[-1]["content"][::-1]

@@ -32,7 +32,7 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path]):
             "trainer process; a multi-process trainer needs the torchrun launcher",
         )
     logs = Path(output_dir) / "logs"
-    result = LaunchPlan(launcher="local", output_dir=Path(output_dir))
+    result = LaunchPlan(launcher="local", output_dir=Path(output_dir), total_steps=config.max_steps)
     for role in ("inference", "orchestrator", "trainer"):
         if role not in configs:
             continue
@@ -52,15 +52,20 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path]):
 def launch(plan) -> int:
     from rich.console import Console
 
+    from prime_core.launch.progress import RunProgress
     from prime_core.launch.supervise import supervise
+    from prime_core.metrics import METRICS_FILE
 
     console = Console(stderr=True, highlight=False)
     for process in plan.processes:
         console.print(f"starting {process.role} (log: {process.log})", markup=False)
-    outcome = supervise(plan)
+    with RunProgress(plan.output_dir / METRICS_FILE, plan.total_steps) as progress:
+        outcome = supervise(plan, on_tick=progress.tick)
     if outcome.code:
         console.print("error:", style="bold red", end=" ")
         console.print(outcome.message, markup=False)
+    else:
+        console.print(f"run finished: outputs in {plan.output_dir}", markup=False)
     return outcome.code
 
 

@@ -1,0 +1,75 @@
+"""Live progress of a run, read from ``metrics.jsonl`` while the roles work.
+
+On a terminal it is a rich progress bar with the latest reward, throughput and off-policy
+counts; elsewhere (CI, a log file) one plain line per trainer step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class RunProgress:
+    def __init__(self, metrics_path: Path, total: int | None) -> None:
+        from rich.console import Console
+
+        self.path = metrics_path
+        self.total = total
+        self.offset = 0
+        self.latest: dict[str, dict] = {}
+        self.console = Console(stderr=True, highlight=False)
+        self.progress = None
+        self.task = None
+
+    def __enter__(self) -> RunProgress:
+        if self.console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),
+                                     TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=self.console)
+            self.progress.start()
+            self.task = self.progress.add_task("run", total=self.total, info="waiting for the first step")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.tick()
+        if self.progress is not None:
+            self.progress.stop()
+
+    def _read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        if self.path.stat().st_size < self.offset:  # rewritten on resume
+            self.offset = 0
+        with self.path.open(encoding="utf-8") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind("\n") + 1]
+        self.offset += len(complete.encode("utf-8"))
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+    def info(self) -> str:
+        trainer, orch = self.latest.get("trainer", {}), self.latest.get("orchestrator", {})
+        parts = []
+        if "reward" in orch:
+            parts.append(f"reward {orch['reward']:.3f}")
+        if "tokens_per_s" in trainer:
+            parts.append(f"trainer {trainer['tokens_per_s']:.0f} tok/s")
+        if "sample_tokens_per_s" in orch:
+            parts.append(f"sampling {orch['sample_tokens_per_s']:.0f} tok/s")
+        if "off_policy_max" in orch:
+            parts.append(f"off-policy max {orch['off_policy_max']} dropped {orch.get('dropped_total', 0)}")
+        return " | ".join(parts)
+
+    def tick(self) -> None:
+        for record in self._read():
+            role = record.get("role", "")
+            self.latest[role] = record
+            if role != "trainer":
+                continue
+            if self.progress is not None:
+                self.progress.update(self.task, completed=record["step"], info=self.info())
+            else:
+                total = f"/{self.total}" if self.total else ""
+                self.console.print(f"step {record['step']}{total} | {self.info()}", markup=False)

@@ -1,0 +1,165 @@
+"""The RL building blocks that need no server: packing, the attention mask of packed rows,
+advantages, the loss, a trainer step, checkpoints, weights and metrics files."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from prime_core.algorithms import default_loss, grpo_advantages
+from prime_core.metrics import append_jsonl, drop_steps_from, read_jsonl
+from prime_core.orchestrator.batch import TrainingSample, pack, wait_for_batch, write_batch
+from prime_core.trainer.model import block_causal_mask, token_logprobs
+
+
+def sample(n_prompt, n_completion, adv=1.0, version=0):
+    return TrainingSample(list(range(1, n_prompt + 1)), list(range(100, 100 + n_completion)),
+                          [-0.5] * n_completion, adv, 0.0, version)
+
+
+def test_pack_first_fit_decreasing_keeps_every_token():
+    samples = [sample(3, 4), sample(2, 2), sample(5, 5), sample(1, 1)]
+    rows = pack(samples, seq_len=12)
+    assert all(len(r) <= 12 for r in rows)
+    assert sum(len(r) for r in rows) == sum(len(s) for s in samples)
+    assert sum(sum(r.loss_mask) for r in rows) == 4 + 2 + 5 + 1
+    for row in rows:
+        assert row.position_ids.count(0) == len([1 for p in row.position_ids if p == 0])
+        for t, m in enumerate(row.loss_mask):
+            assert (row.inference_logprobs[t] == -0.5) == bool(m)
+
+
+def test_pack_cuts_overlong_samples():
+    (row,) = pack([sample(4, 20)], seq_len=10)
+    assert len(row) == 10 and sum(row.loss_mask) == 6
+
+
+def test_block_mask_matches_separate_forwards():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)).eval()
+    a, b = torch.randint(0, 64, (1, 5)), torch.randint(0, 64, (1, 4))
+    packed = torch.cat([a, b], 1)
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3]])
+    mask = block_causal_mask(positions)
+    assert mask.shape == (1, 1, 9, 9) and not mask[0, 0, 5, :5].any() and mask[0, 0, 4, :5].all()
+    with torch.no_grad():
+        lp, ent = token_logprobs(model, packed, positions)
+        lpa, _ = token_logprobs(model, a, torch.arange(5)[None])
+        lpb, _ = token_logprobs(model, b, torch.arange(4)[None])
+    assert torch.allclose(lp[:5], lpa, atol=1e-5)
+    assert torch.allclose(lp[6:], lpb[1:], atol=1e-5), "the second sample must not see the first"
+    assert (ent[1:] > 0).all()
+
+
+def test_grpo_advantages_are_centred():
+    assert grpo_advantages([1.0, 0.0, 0.0, 1.0]) == [0.5, -0.5, -0.5, 0.5]
+    assert grpo_advantages([0.3, 0.3]) == [0.0, 0.0]
+
+
+def test_default_loss_on_policy_is_the_policy_gradient():
+    logp = torch.log(torch.tensor([0.5, 0.2, 0.9])).requires_grad_()
+    adv = torch.tensor([1.0, -1.0, 0.5])
+    loss, extra = default_loss(logp, logp.detach(), adv)
+    loss.sum().backward()
+    assert torch.allclose(logp.grad, -adv, atol=1e-6), "on-policy: d(loss)/d(logp) = -A"
+    assert torch.allclose(extra["mismatch_kl"], torch.zeros(3), atol=1e-7)
+
+
+def test_default_loss_masks_tokens_that_moved_too_far():
+    inference = torch.log(torch.tensor([0.1, 0.9, 0.5, 0.5]))
+    trainer = torch.log(torch.tensor([0.5, 0.5, 0.55, 0.45]))  # Δp = +0.4, -0.4, +0.05, -0.05
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    _, extra = default_loss(trainer, inference, adv)
+    assert extra["is_masked"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert (extra["mismatch_kl"] >= 0).all()
+
+
+def test_train_step_reduces_loss_on_a_fixed_batch(tmp_path):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from prime_core.orchestrator.batch import MicroBatch
+    from prime_core.trainer.role import train_step
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16))
+    good = TrainingSample([1, 2, 3], [7, 8], [0.0, 0.0], 1.0, 1.0, 0)
+    bad = TrainingSample([1, 2, 3], [9, 10], [0.0, 0.0], -1.0, 0.0, 0)
+    with torch.no_grad():
+        for s in (good, bad):
+            lp, _ = token_logprobs(model, torch.tensor([s.prompt_ids + s.completion_ids]), torch.arange(5)[None])
+            s.completion_logprobs = lp[3:].tolist()
+    rows = pack([good, bad], seq_len=64)
+    batch = {"temperature": 1.0, "micro_batches": [vars(r) for r in rows]}
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    from prime_core.algorithms import default_loss
+
+    def prob(s):
+        with torch.no_grad():
+            lp, _ = token_logprobs(model, torch.tensor([s.prompt_ids + s.completion_ids]), torch.arange(5)[None])
+        return float(lp[3:].sum().exp())
+
+    before = prob(good), prob(bad)
+    sums = train_step(model, batch, default_loss, {}, "cpu")
+    opt.step()
+    after = prob(good), prob(bad)
+    assert after[0] > before[0] and after[1] < before[1], "positive advantage up, negative down"
+    assert sums["loss_tokens"] == 4 and math.isfinite(sums["loss"])
+
+
+def test_batches_are_written_atomically_and_awaited(tmp_path):
+    rows = pack([sample(2, 3)], 16)
+    write_batch(tmp_path, 3, rows, temperature=0.7, info={"reward": 0.5})
+    batch = wait_for_batch(tmp_path, 3, timeout=1)
+    assert batch["temperature"] == 0.7 and batch["micro_batches"][0]["input_ids"] == rows[0].input_ids
+    assert not list((tmp_path / "rollouts" / "step_3").glob("*.tmp"))
+    with pytest.raises(TimeoutError):
+        wait_for_batch(tmp_path, 4, timeout=0.2)
+
+
+def test_checkpoints_and_weights_round_trip(tmp_path):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from prime_core.trainer import ckpt
+    from prime_core.weights import FilesystemLoader, FilesystemPublisher
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True)
+    model = Qwen3ForCausalLM(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    opt.step()
+    ckpt.save(tmp_path, 2, model, opt, {"note": "x"})
+    (tmp_path / "checkpoints" / "step_4").mkdir()  # an interrupted save: no marker
+    assert ckpt.latest_step(tmp_path) == 2
+    other = Qwen3ForCausalLM(config)
+    other_opt = torch.optim.AdamW(other.parameters(), lr=1e-2)
+    assert ckpt.load(tmp_path / "checkpoints" / "step_2", other, other_opt)["note"] == "x"
+    for a, b in zip(model.state_dict().values(), other.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert other_opt.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
+
+    publisher = FilesystemPublisher(output_dir=tmp_path, keep=2)
+    loader = FilesystemLoader(output_dir=tmp_path)
+    assert loader.latest() is None
+    for step in (1, 2, 3):
+        publisher.publish(model, step)
+    assert loader.latest()[0] == 3
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["step_2", "step_3"]
+
+
+def test_metrics_resume_moves_redone_steps_aside(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    for step in (1, 2, 3, 4):
+        append_jsonl(path, {"step": step, "role": "trainer"})
+        append_jsonl(path, {"step": step, "role": "orchestrator"})
+    assert drop_steps_from(path, "trainer", 3) == 2
+    steps = [(r["role"], r["step"]) for r in read_jsonl(path)]
+    assert ("trainer", 3) not in steps and ("orchestrator", 4) in steps and ("trainer", 2) in steps
+    moved = [json.loads(line) for line in (tmp_path / "metrics.superseded.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in moved] == [3, 4]
