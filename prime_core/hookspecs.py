@@ -130,7 +130,7 @@ def prime_inference_backends() -> Iterable[InferenceBackend]:
 
         @hookimpl
         def prime_inference_backends():
-            return [InferenceBackend(name="vllm", server=VLLMServer)]
+            return [InferenceBackend(name="vllm", server=VLLMServer, admin=VLLMAdmin)]
     """
 
 

