@@ -54,7 +54,7 @@ def warm_model(tmp_path_factory) -> Path:
     prime("model", "tiny", str(root / "base"), "--hidden-size", "128", "--num-layers", "2")
     prime("envs", "sft-data", "arithmetic", str(root / "sft.jsonl"), "--n", "8000", "--args", '{"digits": 1}')
     prime("sft", str(EXAMPLE / "sft.toml"), "--output-dir", str(root / "sft"), "--model.name", str(root / "base"),
-          "--data.path", str(root / "sft.jsonl"), "--max-steps", "150")
+          "--data.path", str(root / "sft.jsonl"))
     return root / "sft" / "model"
 
 
@@ -66,14 +66,14 @@ def rl_args(model: Path, out: Path, *extra: str) -> list[str]:
 def test_reward_rises_policy_lag_is_bounded_and_weights_reach_inference(warm_model, tmp_path):
     out = tmp_path / "rl"
     steps = 40
-    prime(*rl_args(warm_model, out, "--max-steps", str(steps), "--trainer.optim.lr", "3e-4"))
+    prime(*rl_args(warm_model, out, "--max-steps", str(steps)))
     trainer, orchestrator = records(out, "trainer"), records(out, "orchestrator")
     assert [r["step"] for r in trainer] == list(range(1, steps + 1))
     assert [r["step"] for r in orchestrator] == list(range(1, steps + 1))
 
     rewards = [r["reward"] for r in orchestrator]
-    first, last = sum(rewards[:8]) / 8, sum(rewards[-8:]) / 8
-    assert last > first + 0.05, f"reward did not rise: first 8 steps {first:.3f}, last 8 steps {last:.3f}"
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    assert last > first + 0.03, f"reward did not rise: first 10 steps {first:.3f}, last 10 steps {last:.3f}"
 
     bound = json.loads((out / "configs" / "orchestrator.json").read_text())["max_off_policy_steps"]
     for r in trainer:
@@ -85,7 +85,8 @@ def test_reward_rises_policy_lag_is_bounded_and_weights_reach_inference(warm_mod
     assert versions[-1] >= steps - 3, "inference kept up with the trainer's weights"
     probes = {r["weights_version"]: r["probe_logprob"] for r in orchestrator}
     assert probes[versions[-1]] != pytest.approx(probes[0], abs=1e-6), "outputs changed after weight updates"
-    assert all(abs(r["mismatch_kl"]) < 0.1 for r in trainer[1:]), "trainer and inference disagree"
+    # Step 1 trains on samples of the very weights it holds: any gap is trainer/inference mismatch.
+    assert abs(trainer[0]["mismatch_kl"]) < 1e-3, f"trainer and vLLM disagree: {trainer[0]['mismatch_kl']}"
 
 
 def test_trainer_killed_mid_run_resumes_without_gap_or_repeat(warm_model, tmp_path):

@@ -17,9 +17,9 @@ rm -rf "$out/base" "$out/sft"
 "$prime" model tiny "$out/base" --hidden-size 128 --num-layers 2
 "$prime" envs sft-data arithmetic "$out/sft.jsonl" --n 8000 --args '{"digits": 1}'
 "$prime" sft "$here/sft.toml" --output-dir "$out/sft" --model.name "$out/base" --data.path "$out/sft.jsonl" \
-  --max-steps "${SFT_STEPS:-150}"
+  --max-steps "${SFT_STEPS:-300}"
 sft_done=$(date +%s)
-"$prime" run "$here/rl.toml" --output-dir "$out/rl" --model.name "$out/sft/model" --max-steps "${RL_STEPS:-40}" \
+"$prime" run "$here/rl.toml" --output-dir "$out/rl" --model.name "$out/sft/model" --max-steps "${RL_STEPS:-60}" \
   --clean "$@"
 end=$(date +%s)
 
@@ -27,7 +27,7 @@ end=$(date +%s)
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 rewards = [r["reward"] for r in rows if r.get("role") == "orchestrator"]
-k = max(1, min(5, len(rewards) // 4))
+k = max(1, min(10, len(rewards) // 4))
 first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
 print(f"reward: first {k} steps {first:.3f} -> last {k} steps {last:.3f} ({len(rewards)} steps)")
 print(f"wall time: model + SFT {sys.argv[2]} s, RL {sys.argv[3]} s")

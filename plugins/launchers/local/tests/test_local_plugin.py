@@ -80,11 +80,11 @@ def test_service_that_exits_early_is_a_failure(tmp_path):
     assert plugin.launch(plan) != 0
 
 
-@pytest.mark.parametrize("role", ["trainer"])
-def test_real_run_reports_the_role_that_cannot_run(register_plugin, prime_cli, tmp_path, role):
-    """Until the role loops exist, `prime run` must fail loudly, naming the role."""
+def test_real_run_refuses_a_config_that_cannot_run_here(register_plugin, prime_cli, tmp_path):
+    """With only the core and this launcher there are no environments: refuse before starting."""
     register_plugin(plugin, name="local")
     result = prime_cli("run", "--output-dir", str(tmp_path), "--inference", "None",
                        "--orchestrator.client.base-url", "http://127.0.0.1:9/v1")
-    assert result.exit_code == 2  # nothing provides the environments, router, loss... yet
+    assert result.exit_code == 2
     assert "this run cannot start" in result.output
+    assert not (tmp_path / "logs").exists()
