@@ -120,8 +120,19 @@ class Orchestrator:
             body["seed"] = sampling.seed
         return body
 
-    async def _post(self, url: str, body: dict) -> dict:
-        response = await self.http.post(f"{url}/completions", json=body, timeout=self.config.client.timeout)
+    async def _post(self, url: str, body: dict, attempts: int = 3) -> dict:
+        import httpx
+
+        for attempt in range(attempts):
+            try:
+                response = await self.http.post(f"{url}/completions", json=body, timeout=self.config.client.timeout)
+                break
+            except (httpx.ReadError, httpx.RemoteProtocolError, httpx.ConnectError) as exc:
+                # A pooled connection the server just closed; sampling again is harmless.
+                if attempt == attempts - 1:
+                    raise PrimeError(f"inference request to {url} failed {attempts} times: "
+                                     f"{type(exc).__name__}: {exc}") from None
+                await asyncio.sleep(0.5 * (attempt + 1))
         if response.status_code != 200:
             raise PrimeError(f"inference request to {url} failed ({response.status_code}): {response.text[:500]}")
         return response.json()
@@ -164,7 +175,10 @@ class Orchestrator:
         inflight: set[asyncio.Task] = set()
         step, dropped, last = start, 0, time.perf_counter()
         sampled_tokens = 0
-        async with httpx.AsyncClient() as self.http:
+        # Expire idle connections before the server does (uvicorn: 5 s), so none is reused
+        # at the moment the server closes it.
+        limits = httpx.Limits(keepalive_expiry=2.0)
+        async with httpx.AsyncClient(limits=limits) as self.http:
             await self.load_newest_weights(minimum=start - 1)
             if self.probe is None:
                 self.probe = await self.probe_logprob()
@@ -227,9 +241,13 @@ class Orchestrator:
             await asyncio.sleep(timeout)  # nothing to wait on but the trainer's next weights
             return
         done, _ = await asyncio.wait(inflight, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            inflight.discard(task)
-            ready.append(task.result())  # a failed request stops the orchestrator with its message
+        inflight.difference_update(done)
+        errors = [task.exception() for task in done if not task.cancelled() and task.exception()]
+        if errors:  # a failed request stops the orchestrator with its message
+            for task in inflight:
+                task.cancel()
+            raise errors[0]
+        ready.extend(task.result() for task in done)
 
 
 def _mean(values: list[float]) -> float:
