@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 
+from prime_core.orchestrator.env import Task
+from prime_core.orchestrator.expected import expected_exact_match
+
 ROOT = Path(__file__).resolve().parents[1]
+ALL_SUMS = [
+    Task(prompt=[{"role": "system", "content": "Add the numbers. Reply with the result only."},
+                 {"role": "user", "content": f"{a}+{b}"}], answer=str(a + b))
+    for a in range(10) for b in range(10)
+]
 EXAMPLE = ROOT / "examples" / "cpu"
 
 pytestmark = [
@@ -54,7 +62,7 @@ def warm_model(tmp_path_factory) -> Path:
     prime("model", "tiny", str(root / "base"), "--hidden-size", "128", "--num-layers", "2")
     prime("envs", "sft-data", "arithmetic", str(root / "sft.jsonl"), "--n", "8000", "--args", '{"digits": 1}')
     prime("sft", str(EXAMPLE / "sft.toml"), "--output-dir", str(root / "sft"), "--model.name", str(root / "base"),
-          "--data.path", str(root / "sft.jsonl"))
+          "--data.path", str(root / "sft.jsonl"), "--max-steps", "150")
     return root / "sft" / "model"
 
 
@@ -65,15 +73,19 @@ def rl_args(model: Path, out: Path, *extra: str) -> list[str]:
 
 def test_reward_rises_policy_lag_is_bounded_and_weights_reach_inference(warm_model, tmp_path):
     out = tmp_path / "rl"
-    steps = 40
+    steps = 50
     prime(*rl_args(warm_model, out, "--max-steps", str(steps)))
     trainer, orchestrator = records(out, "trainer"), records(out, "orchestrator")
     assert [r["step"] for r in trainer] == list(range(1, steps + 1))
     assert [r["step"] for r in orchestrator] == list(range(1, steps + 1))
 
+    # The reward RL maximises, measured exactly (no sampling noise) on all 100 sums before and after.
+    before = expected_exact_match(warm_model, ALL_SUMS)
+    after = expected_exact_match(out / "weights" / f"step_{steps}", ALL_SUMS, tokenizer_path=warm_model)
+    assert after > before + 0.02, f"expected reward did not rise: {before:.3f} -> {after:.3f}"
     rewards = [r["reward"] for r in orchestrator]
-    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
-    assert last > first + 0.03, f"reward did not rise: first 10 steps {first:.3f}, last 10 steps {last:.3f}"
+    first, last = sum(rewards[:15]) / 15, sum(rewards[-15:]) / 15
+    assert last > first, f"sampled reward did not rise: first 15 steps {first:.3f}, last 15 steps {last:.3f}"
 
     bound = json.loads((out / "configs" / "orchestrator.json").read_text())["max_off_policy_steps"]
     for r in trainer:

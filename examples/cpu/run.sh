@@ -23,12 +23,24 @@ sft_done=$(date +%s)
   --clean "$@"
 end=$(date +%s)
 
-"$python" - "$out/rl/metrics.jsonl" "$((sft_done - start))" "$((end - sft_done))" <<'PY'
+"$python" - "$out" "$((sft_done - start))" "$((end - sft_done))" <<'PY'
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+from pathlib import Path
+from prime_core.orchestrator.env import Task
+from prime_core.orchestrator.expected import expected_exact_match
+from prime_core.weights import versions
+out = Path(sys.argv[1])
+rows = [json.loads(l) for l in open(out / "rl" / "metrics.jsonl") if l.strip()]
 rewards = [r["reward"] for r in rows if r.get("role") == "orchestrator"]
 k = max(1, min(10, len(rewards) // 4))
 first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
-print(f"reward: first {k} steps {first:.3f} -> last {k} steps {last:.3f} ({len(rewards)} steps)")
+print(f"sampled reward: first {k} steps {first:.3f} -> last {k} steps {last:.3f} ({len(rewards)} steps)")
+system = "Add the numbers. Reply with the result only."
+sums = [Task(prompt=[{"role": "system", "content": system}, {"role": "user", "content": f"{a}+{b}"}],
+             answer=str(a + b)) for a in range(10) for b in range(10)]
+final = versions(out / "rl" / "weights")[-1][1]
+before = expected_exact_match(out / "sft" / "model", sums)
+after = expected_exact_match(final, sums, tokenizer_path=out / "sft" / "model")
+print(f"expected reward on all 100 sums: after SFT {before:.3f} -> after RL {after:.3f}")
 print(f"wall time: model + SFT {sys.argv[2]} s, RL {sys.argv[3]} s")
 PY
