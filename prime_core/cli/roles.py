@@ -28,6 +28,10 @@ def run_role(role: str, tokens: list[str]) -> int:
 
     default_offline()
     config = load_config(role, tokens)
+    if getattr(config, "log", None) is not None:
+        import logging
+
+        logging.basicConfig(level=config.log.level.upper(), format=f"%(asctime)s {role} %(levelname)s %(message)s")
     get_plugin_manager().hook.prime_configure(config=config, role=role)
     try:
         module = importlib.import_module(f"prime_core.{role}.role")

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from pydantic import Field, model_validator
 
 from prime_core.config.base import Section, Toggle
-from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, WandbConfig, WeightBroadcastConfig
+from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, WandbSection, WeightBroadcastConfig
 from prime_core.inference.config import InferenceConfig
 from prime_core.launch.config import Deployment, SingleNodeDeployment, infer_deployment_type
 from prime_core.orchestrator.config import OrchestratorConfig
@@ -60,7 +60,7 @@ class RLConfig(Section):
     seq_len: int | None = Field(default=None, ge=1)
     max_steps: int | None = Field(default=None, ge=1)
     ckpt: CkptConfig | None = None
-    wandb: WandbConfig | None = None
+    wandb: WandbSection = None
     weight_broadcast: WeightBroadcastConfig | None = None
     log: LogConfig | None = None
 

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from prime_core.config.base import Section, Selects
+from prime_core.config.base import Requires, Section, Selects
 
 
 def looks_like_local_path(name: str) -> bool:
@@ -49,6 +49,10 @@ class WandbConfig(Section):
     name: str | None = None
     entity: str | None = None
     offline: bool = False
+
+
+# Optional W&B logging: turning it on needs a plugin that provides the `wandb` monitor.
+WandbSection = Annotated[WandbConfig | None, Requires("monitors", "wandb")]
 
 
 class WeightBroadcastConfig(Section):

@@ -14,6 +14,7 @@ weights published by the trainer are loaded into every server as soon as they ap
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections import deque
@@ -178,7 +179,9 @@ class Orchestrator:
         # Expire idle connections before the server does (uvicorn: 5 s), so none is reused
         # at the moment the server closes it.
         limits = httpx.Limits(keepalive_expiry=2.0)
-        async with httpx.AsyncClient(limits=limits) as self.http:
+        key = os.environ.get(config.client.api_key_var)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        async with httpx.AsyncClient(limits=limits, headers=headers) as self.http:
             await self.load_newest_weights(minimum=start - 1)
             if self.probe is None:
                 self.probe = await self.probe_logprob()

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from prime_core.config.base import ExistingFile, Section
-from prime_core.config.shared import CkptConfig, LogConfig, WandbConfig
+from prime_core.config.shared import CkptConfig, LogConfig, WandbSection
 from prime_core.launch.config import SFTDeployment, SFTSingleNodeDeployment, infer_deployment_type
 from prime_core.trainer.config import OptimConfig, SchedulerConfig, TrainerModelConfig
 
@@ -18,7 +18,6 @@ class SFTDataConfig(Section):
     path: ExistingFile | None = None
     """A local JSONL file of chat samples (``{"messages": [...]}`` per line)."""
     batch_size: int = Field(default=32, ge=1)
-    micro_batch_size: int = Field(default=1, ge=1)
     pack: bool = True
     """Pack several samples into each ``seq_len`` sequence."""
     length: Literal["fixed", "variable"] = "fixed"
@@ -45,6 +44,6 @@ class SFTConfig(Section):
     max_steps: int | None = Field(default=None, ge=1)
     seq_len: int = Field(default=2048, ge=1)
     deployment: Annotated[SFTDeployment, infer_deployment_type] = Field(default_factory=SFTSingleNodeDeployment)
-    wandb: WandbConfig | None = None
+    wandb: WandbSection = None
     log: LogConfig = Field(default_factory=LogConfig)
     dry_run: bool = False

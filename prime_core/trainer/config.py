@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from prime_core.config.base import Requires, Section, Selects, Toggle
-from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, WandbConfig, WeightBroadcastConfig
+from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, WandbSection, WeightBroadcastConfig
 
 
 class CompileConfig(Section):
@@ -128,7 +128,7 @@ class TrainerConfig(Section):
     resume: bool = False
     """Continue from the newest complete checkpoint under ``output_dir/checkpoints``."""
     seed: int = 0
-    wandb: WandbConfig | None = None
+    wandb: WandbSection = None
     log: LogConfig = Field(default_factory=LogConfig)
 
     @model_validator(mode="before")
