@@ -18,7 +18,7 @@ class RunProgress:
         self.total = total
         self.offset = 0
         self.latest: dict[str, dict] = {}
-        self.console = Console(stderr=True, highlight=False)
+        self.console = Console(stderr=True, highlight=False, soft_wrap=True)
         self.progress = None
         self.task = None
 
