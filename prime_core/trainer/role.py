@@ -72,15 +72,19 @@ def run(config) -> int:
     metrics = MetricsLogger(config, role="trainer", output_dir=config.output_dir)
 
     done = 0
-    if config.resume and (found := ckpt.complete_checkpoints(config.output_dir)):
-        done, path = found[-1]
-        ckpt.load(path, model, optimizer)
+    if config.resume:
+        found = ckpt.complete_checkpoints(config.output_dir)
+        if found:
+            done, path = found[-1]
+            ckpt.load(path, model, optimizer)
+            for _ in range(done):
+                scheduler.step()
         remove_after(config.output_dir, done)  # weights a crashed run published after its checkpoint
-        for _ in range(done):
-            scheduler.step()
         moved = drop_steps_from(config.output_dir / METRICS_FILE, "trainer", done + 1)
-        print(f"resumed from {path} (step {done}); {moved} superseded metric lines moved aside", flush=True)
-        publisher.publish(model, done)  # the orchestrator reloads inference from here
+        print(f"resuming after step {done}" + (f" from {path}" if found else " (no complete checkpoint)")
+              + f"; {moved} superseded metric lines moved aside", flush=True)
+        if done:
+            publisher.publish(model, done)  # the orchestrator reloads inference from here
     print(f"trainer: model {config.model.name} ({impl}) on {device}, steps {done + 1}..{config.max_steps}",
           flush=True)
 

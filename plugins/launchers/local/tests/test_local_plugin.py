@@ -88,3 +88,38 @@ def test_real_run_refuses_a_config_that_cannot_run_here(register_plugin, prime_c
     assert result.exit_code == 2
     assert "this run cannot start" in result.output
     assert not (tmp_path / "logs").exists()
+
+
+def test_ctrl_c_stops_every_role(tmp_path):
+    import os
+    import signal
+    import subprocess
+
+    script = f"""
+import sys
+from pathlib import Path
+import prime_plugin_local.plugin as plugin
+from prime_core.launch.plan import LaunchPlan, RoleProcess
+out = Path({str(tmp_path)!r})
+code = "import os, time; open(os.environ['PIDFILE'], 'w').write(str(os.getpid())); time.sleep(120)"
+plan = LaunchPlan(launcher="local", output_dir=out, processes=[
+    RoleProcess(role=r, command=[sys.executable, "-c", code], config=out / f"{{r}}.json",
+                log=out / "logs" / f"{{r}}.log", env={{"PIDFILE": str(out / f"{{r}}.pid")}}, service=r == "inference")
+    for r in ("inference", "orchestrator", "trainer")])
+sys.exit(plugin.launch(plan))
+"""
+    launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+    pids = [tmp_path / f"{r}.pid" for r in ("inference", "orchestrator", "trainer")]
+    deadline = time.monotonic() + 60
+    while not all(p.exists() and p.read_text() for p in pids):
+        assert time.monotonic() < deadline and launcher.poll() is None, "roles did not start"
+        time.sleep(0.1)
+    launcher.send_signal(signal.SIGINT)
+    output, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 130, output
+    assert "interrupted: stopped every role" in output
+    for pid_file in pids:
+        pid = int(pid_file.read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
