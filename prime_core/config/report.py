@@ -22,7 +22,7 @@ def _strip_tags(loc: tuple[Any, ...], schema: type[BaseModel]) -> tuple[Any, ...
     """Drop the union tags and function names pydantic adds to locations (``single_node``,
     ``function-before[...]``), keeping only real keys and list indices."""
     keep: list[Any] = []
-    for i, part in enumerate(loc):
+    for part in loc:
         if isinstance(part, str) and ("[" in part or part.startswith("function-")):
             continue
         if isinstance(part, str) and keep and model_at(schema, tuple(keep)) is None:

@@ -28,12 +28,14 @@ class Outcome:
     message: str = ""
 
 
-def tail(path: Path, lines: int = 20) -> str:
+def tail(path: Path, lines: int = 20, width: int = 400) -> str:
+    """The last ``lines`` lines of a log, each cut to ``width`` characters, for error messages."""
     try:
         with path.open("r", encoding="utf-8", errors="replace") as f:
-            return "".join(deque(f, maxlen=lines)).rstrip()
+            last = deque(f, maxlen=lines)
     except OSError:
         return "(no log)"
+    return "".join(line if len(line) <= width else line[:width] + "...\n" for line in last).rstrip() or "(empty log)"
 
 
 def _start(proc: RoleProcess) -> subprocess.Popen:

@@ -46,7 +46,7 @@ def save(output_dir: Path, step: int, model, optimizer, progress: dict, *, keep_
     (path / "progress.json").write_text(json.dumps({"step": step, **progress}))
     (path / MARKER).touch()
     if keep_last:
-        for old_step, old in complete_checkpoints(output_dir)[:-keep_last]:
+        for _, old in complete_checkpoints(output_dir)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     return path
 

@@ -52,17 +52,22 @@ class TrainerModelConfig(ModelRef):
     """Attention kernel: ``sdpa``, ``flash_attention_2``, ``flash_attention_3``, ..."""
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """Parameter dtype during compute."""
-    reduce_dtype: Literal["bfloat16", "float32"] = "float32"
-    optimization_dtype: Literal["bfloat16", "float32"] = "float32"
-    seq_len: int | None = Field(default=None, ge=1)
+    # FSDP settings: a non-default value needs the `fsdp` strategy, so it is never silently ignored.
+    reduce_dtype: Annotated[Literal["bfloat16", "float32"],
+                            Requires("parallel_strategies", "fsdp", when=lambda m: m.reduce_dtype != "float32")] = "float32"
+    optimization_dtype: Annotated[
+        Literal["bfloat16", "float32"],
+        Requires("parallel_strategies", "fsdp", when=lambda m: m.optimization_dtype != "float32"),
+    ] = "float32"
     compile: Annotated[Toggle[CompileConfig], Requires("parallel_strategies", "compile")] = None
     ac: Annotated[Toggle[ACConfig], Requires("parallel_strategies", "ac")] = None
     ac_offloading: Annotated[Toggle[ACOffloadingConfig], Requires("parallel_strategies", "ac_offloading")] = None
     lora: Annotated[Toggle[LoRAConfig], Requires("parallel_strategies", "lora")] = None
-    reshard_after_forward: bool = True
+    reshard_after_forward: Annotated[bool, Requires("parallel_strategies", "fsdp",
+                                                    when=lambda m: not m.reshard_after_forward)] = True
     fsdp_cpu_offload: Annotated[bool, Requires("parallel_strategies", "fsdp")] = False
     """Parameters, gradients and optimizer state on CPU."""
-    optim_cpu_offload: bool = False
+    optim_cpu_offload: Annotated[bool, Requires("parallel_strategies", "fsdp")] = False
     """Optimizer state on CPU."""
     dp_replicate: Annotated[int, Requires("parallel_strategies", "fsdp", when=lambda m: m.dp_replicate > 1)] = Field(
         default=1, ge=1

@@ -37,12 +37,12 @@ def train_step(model, batch: dict, loss_fn, loss_kwargs: dict, device: str) -> d
     total_tokens = sum(sum(mb["loss_mask"]) for mb in micro_batches) or 1
     sums = {"loss": 0.0, "entropy": 0.0, "mismatch_kl": 0.0, "is_masked": 0.0}
     for mb in micro_batches:
-        tensor = lambda key, dtype: torch.tensor(mb[key], dtype=dtype, device=device)[None]  # noqa: E731
-        input_ids, position_ids = tensor("input_ids", torch.long), tensor("position_ids", torch.long)
-        mask = tensor("loss_mask", torch.float32)[0]
+        input_ids = torch.tensor([mb["input_ids"]], dtype=torch.long, device=device)
+        position_ids = torch.tensor([mb["position_ids"]], dtype=torch.long, device=device)
+        mask, inference_logprobs, advantages = (torch.tensor(mb[key], dtype=torch.float32, device=device)
+                                                for key in ("loss_mask", "inference_logprobs", "advantages"))
         logp, entropy = token_logprobs(model, input_ids, position_ids, temperature=temperature)
-        loss_tok, extra = loss_fn(logp, tensor("inference_logprobs", torch.float32)[0],
-                                  tensor("advantages", torch.float32)[0], **loss_kwargs)
+        loss_tok, extra = loss_fn(logp, inference_logprobs, advantages, **loss_kwargs)
         loss = (loss_tok * mask).sum() / total_tokens
         loss.backward()
         sums["loss"] += float(loss.detach())

@@ -16,11 +16,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
 from prime_core.errors import PrimeError
+from prime_core.launch.supervise import tail
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 WORKER_EXTENSION = "prime_plugin_vllm.worker_ext.PrimeWorkerExtension"
@@ -76,15 +76,6 @@ def option_argv(options: dict[str, Any]) -> list[str]:
         else:
             argv += [flag, str(value)]
     return argv
-
-
-def tail(path: Path, lines: int = LOG_TAIL_LINES, width: int = 400) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            last = deque(f, maxlen=lines)
-    except OSError:
-        return "(no log)"
-    return "".join(line if len(line) <= width else line[:width] + "...\n" for line in last).rstrip() or "(empty log)"
 
 
 def _group_alive(pgid: int) -> bool:
@@ -262,7 +253,7 @@ class VLLMServer:
 
     def _failure(self, what: str, hint: str | None = None) -> PrimeError:
         return PrimeError(
-            f"{what}\n--- last lines of {self.log_path} ---\n{tail(self.log_path)}",
+            f"{what}\n--- last lines of {self.log_path} ---\n{tail(self.log_path, LOG_TAIL_LINES)}",
             hint=hint,
         )
 
