@@ -178,7 +178,11 @@ class Environment(Spec):
 class WeightTransport(Spec):
     """Moves trainer weights to inference (``weight_broadcast.type``).
 
-    ``publisher(config)`` is used by the trainer, ``loader(config)`` by the inference side.
+    ``publisher(config, output_dir=...)`` is used by the trainer (rank 0): its
+    ``publish(model, step, state_dict)`` gets the model (for its config) and the full,
+    unsharded tensors to publish (``state_dict`` is ``None`` when the model itself holds them;
+    for LoRA runs it carries ``adapter`` and ``adapter_config``). ``loader(config)`` is used by
+    the inference side.
     """
 
     publisher: Callable[..., Any]

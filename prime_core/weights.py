@@ -25,12 +25,14 @@ class FilesystemPublisher:
         self.root = weights_dir(output_dir)
         self.keep = keep
 
-    def publish(self, model, step: int) -> Path:
+    def publish(self, model, step: int, state_dict: dict | None = None) -> Path:
+        """Write ``model`` (its config, and ``state_dict`` when given: the full tensors a
+        sharded model gathered) as a Hugging Face folder for policy version ``step``."""
         final = self.root / f"step_{step}"
         tmp = self.root / f".step_{step}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(final, ignore_errors=True)
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         tmp.rename(final)
         (final / MARKER).touch()
         self._prune(step)

@@ -27,6 +27,8 @@ def run(tokens: list[str]) -> int:
         prepare_output_dir(config)
     paths = write_role_configs(config, config.output_dir)
     console.print(f"resolved configs written to {paths['rl'].parent}", markup=False)
+    if config.bench:  # the trainer benchmarks on fake data; nothing else is needed
+        paths = {role: path for role, path in paths.items() if role not in ("inference", "orchestrator")}
     try:
         launcher = manager.select("launchers", resolve_launcher(config, manager), key="launcher")
     except PrimeError:

@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 from prime_core.config.base import Section, Toggle
 from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, WandbSection, WeightBroadcastConfig
 from prime_core.inference.config import InferenceConfig
+from prime_core.bench import BenchConfig
 from prime_core.launch.config import Deployment, SingleNodeDeployment, infer_deployment_type
 from prime_core.orchestrator.config import OrchestratorConfig
 from prime_core.trainer.config import TrainerConfig
@@ -34,6 +35,7 @@ SHARED_KEYS: dict[str, tuple[str, ...]] = {
     "wandb": ("trainer", "orchestrator"),
     "weight_broadcast": ("trainer", "orchestrator"),
     "resume": ("trainer", "orchestrator"),
+    "bench": ("trainer",),
 }
 
 # The flat top-level keys of prime-rl's older `rl_slurm` docs, and where they live now.
@@ -74,6 +76,9 @@ class RLConfig(Section):
     """Launcher plugin (``local``, ``torchrun``, ``slurm``); ``auto`` lets plugins decide."""
     dry_run: bool = False
     """Write the resolved configs and the launch plan, start nothing."""
+    bench: Toggle[BenchConfig] = None
+    """``--bench``: benchmark the trainer (as deployed) on fake data; inference and the
+    orchestrator are not started."""
     resume: bool = False
     """Continue from the newest complete checkpoint under ``output_dir/checkpoints``."""
     clean: bool = False

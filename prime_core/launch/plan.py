@@ -36,6 +36,8 @@ class RoleProcess:
         argv = list(self.command)
         if argv[:3] == [sys.executable, "-m", "prime_core"]:
             argv = ["prime", *argv[3:]]
+        elif argv[:3] == [sys.executable, "-m", "torch.distributed.run"]:
+            argv = ["torchrun", *argv[3:]]
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         return f"{env} {shlex.join(argv)}".strip()
 
@@ -57,9 +59,25 @@ class LaunchPlan:
         return json.loads(json.dumps(data, default=str))
 
 
-def role_command(role: str, config_path: Path) -> list[str]:
-    """How any launcher starts a role: the same ``prime <role> FILE`` a user would type."""
-    return [sys.executable, "-m", "prime_core", role, str(config_path)]
+def role_command(role: str, config_path: Path, *, processes: int = 1) -> list[str]:
+    """How any launcher starts a role: the same ``prime <role> FILE`` a user would type, under
+    torchrun (one machine, a free rendezvous port) when the role runs as several processes."""
+    command = ["-m", "prime_core", role, str(config_path)]
+    if processes > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                str(processes), *command]
+    return [sys.executable, *command]
+
+
+def split_devices(counts: dict[str, int], visible: str | None) -> dict[str, str]:
+    """``CUDA_VISIBLE_DEVICES`` per role: the visible GPUs (all of them when unset) in order,
+    ``counts[role]`` each (inference first, as ``deployment`` documents)."""
+    pool = [d for d in (visible or "").split(",") if d.strip()] or [str(i) for i in range(sum(counts.values()))]
+    out, start = {}, 0
+    for role, count in counts.items():
+        out[role] = ",".join(pool[start:start + count])
+        start += count
+    return out
 
 
 def atomic_write_text(path: Path, text: str) -> None:

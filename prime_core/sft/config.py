@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from prime_core.config.base import ExistingFile, Section
+from prime_core.bench import BenchConfig
+from prime_core.config.base import ExistingFile, Section, Toggle
 from prime_core.config.shared import CkptConfig, LogConfig, WandbSection
 from prime_core.launch.config import SFTDeployment, SFTSingleNodeDeployment, infer_deployment_type
 from prime_core.trainer.config import OptimConfig, SchedulerConfig, TrainerModelConfig
@@ -47,3 +48,5 @@ class SFTConfig(Section):
     wandb: WandbSection = None
     log: LogConfig = Field(default_factory=LogConfig)
     dry_run: bool = False
+    bench: Toggle[BenchConfig] = None
+    """``--bench``: time a few steps on fake data and print step time, tokens/s, MFU and memory."""

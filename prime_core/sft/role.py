@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from prime_core.errors import ConfigError
@@ -16,9 +17,10 @@ from prime_core.metrics import MetricsLogger
 from prime_core.orchestrator.batch import TrainingSample, pack
 from prime_core.plugins import get_plugin_manager
 from prime_core.trainer import ckpt
-from prime_core.trainer.model import build_model, token_logprobs
-from prime_core.trainer.optim import build_optimizer, build_scheduler, clip_and_step
-from prime_core.trainer.role import device_name
+from prime_core.trainer.build import full_state_dict, start_training
+from prime_core.trainer.fake import fake_samples
+from prime_core.trainer.optim import build_scheduler, clip_and_step
+from prime_core.trainer.step import forward_backward, share
 
 
 def chat_sample(tokenizer, messages: list[dict]) -> TrainingSample:
@@ -55,39 +57,58 @@ def load_dataset(path: Path, tokenizer) -> list[TrainingSample]:
     return samples
 
 
-def fake_dataset(config, vocab_size: int, rng: random.Random) -> list[TrainingSample]:
-    out = []
-    for _ in range(config.data.batch_size * 4):
-        length = config.seq_len if config.data.length == "fixed" else rng.randint(8, config.seq_len)
-        ids = [rng.randrange(vocab_size) for _ in range(length)]
-        out.append(TrainingSample(ids[:1], ids[1:], [0.0] * (length - 1), 1.0, 0.0, 0))
-    return out
+def relaunch(config, processes: int) -> int:
+    """``prime sft`` with ``deployment.num_gpus`` > 1 starts itself again under torchrun, with
+    its resolved config written to ``output_dir/configs/sft.json``."""
+    import subprocess
+
+    from prime_core.launch.plan import atomic_write_text, dump_config, role_command
+
+    path = Path(config.output_dir) / "configs" / "sft.json"
+    atomic_write_text(path, dump_config(config))
+    command = role_command("sft", path, processes=processes)
+    print(f"sft: starting {processes} processes: {' '.join(command)}", flush=True)
+    return subprocess.run(command, check=False).returncode
 
 
 def run(config) -> int:
-    import torch
+    import os
+
+    from prime_core import distributed
+
+    processes = getattr(config.deployment, "num_gpus", 1)
+    if processes > 1 and "WORLD_SIZE" not in os.environ:
+        return relaunch(config, processes)
+    from prime_core.hub import loading
     from transformers import AutoTokenizer
 
     manager = get_plugin_manager()
-    torch.manual_seed(config.data.seed)
     rng = random.Random(config.data.seed)
-    device = device_name()
-    model, impl = build_model(config.model, manager, device=device)
-    model.train()
-    from prime_core.hub import loading
-
+    bench = config.bench
+    max_steps = bench.warmup_steps + bench.steps if bench else config.max_steps
+    training = start_training(config, "sft", max_steps=max_steps, seed=config.data.seed, manager=manager)
+    world, policy = training.world, training.policy
     with loading(config.model.tokenizer or config.model.name, "model.name"):
         tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer or config.model.name)
-    if config.data.type == "fake":
-        dataset = fake_dataset(config, model.config.vocab_size, rng)
+    if config.data.type == "fake" or bench:
+        dataset = fake_samples(config.data.batch_size * 4, config.seq_len, policy.hf_config.vocab_size,
+                               config.data.length, rng)
     else:
         dataset = load_dataset(config.data.path, tokenizer)
-    max_steps = config.max_steps or max(1, len(dataset) // config.data.batch_size)
-    optimizer = build_optimizer(model, config.optim)
-    scheduler = build_scheduler(optimizer, config.scheduler, max_steps)
-    metrics = MetricsLogger(config, role="sft", output_dir=config.output_dir)
-    print(f"sft: {len(dataset)} samples, {max_steps} steps of {config.data.batch_size}, model {impl} on {device}",
-          flush=True)
+    if not bench and max_steps is None:
+        max_steps = max(1, len(dataset) // config.data.batch_size)
+        training.scheduler = build_scheduler(training.optimizer, config.scheduler, max_steps)
+    meter = None
+    if bench:
+        from prime_core.bench import BenchMeter
+
+        meter = BenchMeter(bench, world=world, model=policy.model, hf_config=policy.hf_config,
+                           dtype=config.model.dtype,
+                           label={"role": "sft", "model": str(config.model.name), "seq_len": config.seq_len,
+                                  "config": ", ".join(policy.applied) or "plain", "data": config.data.length})
+    metrics = MetricsLogger(config, role="sft", output_dir=config.output_dir) if world.main and not bench else None
+    print(f"sft: {len(dataset)} samples, {max_steps} steps of {config.data.batch_size}, model {policy.impl} on "
+          f"{world.size} × {world.device}, strategies {', '.join(policy.applied) or 'none'}", flush=True)
 
     order: list[int] = []
     for step in range(1, max_steps + 1):
@@ -98,28 +119,37 @@ def run(config) -> int:
                 if config.data.shuffle:
                     rng.shuffle(order)
             batch.append(dataset[order.pop()])
-        rows = pack(batch, config.seq_len) if config.data.pack else [r for s in batch for r in pack([s], config.seq_len)]
-        total = sum(sum(r.loss_mask) for r in rows) or 1
-        start, loss_sum, tokens = time.perf_counter(), 0.0, 0
-        for row in rows:
-            ids = torch.tensor(row.input_ids, device=device)[None]
-            pos = torch.tensor(row.position_ids, device=device)[None]
-            mask = torch.tensor(row.loss_mask, dtype=torch.float32, device=device)
-            logp, _ = token_logprobs(model, ids, pos, with_entropy=False)
-            loss = -(logp * mask).sum() / total
-            loss.backward()
-            loss_sum += float(loss.detach())
-            tokens += len(row.input_ids)
-        grad_norm = clip_and_step(model, optimizer, scheduler, config.optim.max_norm)
+        packed = pack(batch, config.seq_len) if config.data.pack else [r for s in batch for r in pack([s], config.seq_len)]
+        rows = [asdict(row) for row in packed]
+        total = sum(sum(r["loss_mask"]) for r in rows)
+        mine = share(rows, world.rank, world.size)
+        start = meter.start_step(step) if meter else time.perf_counter()
+        sums = forward_backward(policy.model, mine, total_loss_tokens=total, world=world)
+        loss, tokens = distributed.all_reduce_sum([sums["loss"], sums["tokens"]], world)
+        grad_norm = clip_and_step(policy.model, training.optimizer, training.scheduler, config.optim.max_norm)
+        if meter:
+            meter.end_step(step, start, mine)
+            if world.main:
+                print(f"bench step {step}/{max_steps}: loss {loss:.4f}", flush=True)
+            continue
         elapsed = time.perf_counter() - start
-        metrics.log(step, {"loss": loss_sum, "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0],
-                           "tokens": tokens, "tokens_per_s": tokens / elapsed, "step_time": elapsed},
-                    show=("loss", "grad_norm", "tokens_per_s"))
+        if metrics:
+            metrics.log(step, {"loss": loss, "grad_norm": grad_norm, "lr": training.scheduler.get_last_lr()[0],
+                               "tokens": tokens, "tokens_per_s": tokens / elapsed, "step_time": elapsed},
+                        show=("loss", "grad_norm", "tokens_per_s"))
         if config.ckpt.interval and step % config.ckpt.interval == 0:
-            ckpt.save(config.output_dir, step, model, optimizer, {}, keep_last=config.ckpt.keep_last)
-    final = Path(config.output_dir) / "model"
-    model.save_pretrained(final, safe_serialization=True)
-    tokenizer.save_pretrained(final)
-    print(f"sft: final model written to {final}", flush=True)
-    metrics.close()
+            ckpt.save(config.output_dir, step, policy.model, training.optimizer, {}, world=world,
+                      keep_last=config.ckpt.keep_last)
+    if meter:
+        meter.report()
+    else:
+        state = full_state_dict(policy, world)
+        if world.main:
+            final = Path(config.output_dir) / "model"
+            policy.model.save_pretrained(final, state_dict=state, safe_serialization=True)
+            tokenizer.save_pretrained(final)
+            print(f"sft: final model written to {final}", flush=True)
+    if metrics:
+        metrics.close()
+    distributed.shutdown()
     return 0

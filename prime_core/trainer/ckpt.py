@@ -1,6 +1,7 @@
-"""Checkpoints: ``output_dir/checkpoints/step_N/`` holds the model (Hugging Face format), the
-optimizer state and ``progress.json``; a ``COMPLETE`` marker is written last, so a crash
-mid-save leaves a folder that resuming ignores."""
+"""Checkpoints: ``output_dir/checkpoints/step_N/`` holds the model and optimizer state as a
+torch distributed checkpoint (``state/``, one shard file per rank, loadable at any other world
+size) and ``progress.json``; a ``COMPLETE`` marker is written last, by rank 0 after every rank
+has finished, so a crash mid-save leaves a folder that resuming ignores."""
 
 from __future__ import annotations
 
@@ -35,36 +36,42 @@ def latest_step(output_dir: Path) -> int:
     return found[-1][0] if found else 0
 
 
-def save(output_dir: Path, step: int, model, optimizer, progress: dict, *, keep_last: int | None = None) -> Path:
-    import torch
+def save(output_dir: Path, step: int, model, optimizer, progress: dict, *, world=None,
+         keep_last: int | None = None) -> Path:
+    """Collective: every rank writes its shards."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    root = checkpoints_dir(output_dir)
-    path = root / f"step_{step}"
-    shutil.rmtree(path, ignore_errors=True)
-    model.save_pretrained(path / "model", safe_serialization=True)
-    torch.save(optimizer.state_dict(), path / "optimizer.pt")
-    (path / "progress.json").write_text(json.dumps({"step": step, **progress}))
-    (path / MARKER).touch()
-    if keep_last:
-        for _, old in complete_checkpoints(output_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+    from prime_core import distributed
+
+    world = world or distributed.World()
+    path = checkpoints_dir(output_dir) / f"step_{step}"
+    if world.main:
+        shutil.rmtree(path, ignore_errors=True)
+    distributed.barrier(world)
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path / "state")
+    distributed.barrier(world)
+    if world.main:
+        (path / "progress.json").write_text(json.dumps({"step": step, "world_size": world.size, **progress}))
+        (path / MARKER).touch()
+        if keep_last:
+            for _, old in complete_checkpoints(output_dir)[:-keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
+    distributed.barrier(world)
     return path
 
 
 def load(path: Path, model, optimizer) -> dict:
-    """Restore model and optimizer from a checkpoint folder; returns its progress."""
-    import torch
-    from safetensors.torch import load_file
+    """Restore model and optimizer (resharded to this run's layout); returns the progress.
+    Collective like ``save``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    state = {}
-    for shard in sorted((path / "model").glob("*.safetensors")):
-        state.update(load_file(shard))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-    if unexpected or set(missing) - tied:
-        raise RuntimeError(f"checkpoint {path} does not fit the model: missing {missing}, unexpected {unexpected}")
-    if tied:
-        model.tie_weights()
-    if optimizer is not None:
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    if not (path / "state").is_dir():
+        raise RuntimeError(f"checkpoint {path} has no 'state' folder (written by an older prime?)")
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=path / "state")
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return json.loads((path / "progress.json").read_text())

@@ -7,8 +7,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from prime_core.bench import BenchConfig
 from prime_core.config.base import Requires, Section, Selects, Toggle
 from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, WandbSection, WeightBroadcastConfig
+from prime_core.trainer.fake import FakeDataConfig
 
 
 class CompileConfig(Section):
@@ -67,8 +69,8 @@ class TrainerModelConfig(ModelRef):
                                                     when=lambda m: not m.reshard_after_forward)] = True
     fsdp_cpu_offload: Annotated[bool, Requires("parallel_strategies", "fsdp")] = False
     """Parameters, gradients and optimizer state on CPU."""
-    optim_cpu_offload: Annotated[bool, Requires("parallel_strategies", "fsdp")] = False
-    """Optimizer state on CPU."""
+    optim_cpu_offload: bool = False
+    """Optimizer state in CPU memory between steps."""
     dp_replicate: Annotated[int, Requires("parallel_strategies", "fsdp", when=lambda m: m.dp_replicate > 1)] = Field(
         default=1, ge=1
     )
@@ -118,6 +120,11 @@ class LossConfig(Section):
     """Keyword arguments for the loss (e.g. masking thresholds)."""
 
 
+class TrainerDataConfig(Section):
+    fake: Toggle[FakeDataConfig] = None
+    """Train on random batches instead of the orchestrator's (``--data.fake``, used by ``--bench``)."""
+
+
 class TrainerConfig(Section):
     """The trainer role: reads batches, computes the RL loss, publishes weights."""
 
@@ -128,6 +135,9 @@ class TrainerConfig(Section):
     loss: LossConfig = Field(default_factory=LossConfig)
     ckpt: CkptConfig = Field(default_factory=CkptConfig)
     weight_broadcast: WeightBroadcastConfig = Field(default_factory=WeightBroadcastConfig)
+    data: TrainerDataConfig = Field(default_factory=TrainerDataConfig)
+    bench: Toggle[BenchConfig] = None
+    """``--bench``: time a few steps on fake data and print step time, tokens/s, MFU and memory."""
     max_steps: int | None = Field(default=None, ge=1)
     seq_len: int = Field(default=2048, ge=1)
     resume: bool = False

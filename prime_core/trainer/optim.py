@@ -5,14 +5,50 @@ from __future__ import annotations
 import math
 
 
-def build_optimizer(model, optim_config):
+def build_optimizer(model, optim_config, *, cpu_offload: bool = False):
+    """The optimizer over the trainable parameters; with ``cpu_offload`` its state lives in
+    CPU memory between steps (``trainer.model.optim_cpu_offload``)."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
     if optim_config.type == "sgd":
-        return torch.optim.SGD(params, lr=optim_config.lr, weight_decay=optim_config.weight_decay)
-    return torch.optim.AdamW(params, lr=optim_config.lr, weight_decay=optim_config.weight_decay,
-                             betas=tuple(optim_config.betas))
+        optimizer = torch.optim.SGD(params, lr=optim_config.lr, weight_decay=optim_config.weight_decay)
+    else:
+        fused = bool(params) and params[0].device.type == "cuda"
+        optimizer = torch.optim.AdamW(params, lr=optim_config.lr, weight_decay=optim_config.weight_decay,
+                                      betas=tuple(optim_config.betas), **({"fused": True} if fused else {}))
+    if cpu_offload:
+        install_state_offload(optimizer)
+    return optimizer
+
+
+def install_state_offload(optimizer) -> None:
+    """Keep the optimizer state in CPU memory except during ``step``.
+
+    RL steps spend most of their time in many forward/backward passes; the state (two fp32
+    copies of the parameters for AdamW) is only needed for the update, so it stays off the
+    accelerator while activations are alive. Loading a checkpoint moves it back out too.
+    """
+    import torch
+
+    def move(device) -> None:
+        for state in optimizer.state.values():
+            for key, value in state.items():
+                if torch.is_tensor(value) and key != "step":
+                    state[key] = value.to(device)
+
+    def pre(opt, args, kwargs) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if params:
+            move(params[0].device)
+
+    def post(opt, args, kwargs) -> None:
+        move("cpu")
+
+    optimizer.register_step_pre_hook(pre)
+    optimizer.register_step_post_hook(post)
+    optimizer.register_load_state_dict_post_hook(lambda opt: move("cpu"))
+    optimizer.prime_state_offload = True
 
 
 def build_scheduler(optimizer, scheduler_config, max_steps: int | None):
@@ -39,6 +75,8 @@ def clip_and_step(model, optimizer, scheduler, max_norm: float | None) -> float:
 
     params = [p for p in model.parameters() if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
+    if hasattr(norm, "full_tensor"):  # sharded gradients give a DTensor norm
+        norm = norm.full_tensor()
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)

@@ -1,22 +1,28 @@
-"""The RL trainer loop (``prime trainer CONFIG``), one process on one CPU or GPU.
+"""The RL trainer loop (``prime trainer CONFIG``), one process or several under torchrun.
 
-Step N: wait for ``rollouts/step_N/batch.json``, compute the loss over its micro-batches
-(token-level normalisation over the whole step), clip, optimise, publish the weights as
-policy version N, log metrics, and checkpoint every ``ckpt.interval`` steps. With
-``resume`` it continues after the newest complete checkpoint; the metrics of steps that are
-redone are moved aside so ``metrics.jsonl`` has no gap and no repeat.
+Step N: wait for ``rollouts/step_N/batch.json``, take this rank's share of its packed rows,
+compute the loss (normalised by the loss tokens of the whole step), clip, optimise, publish
+the full weights as policy version N (rank 0 writes them), log metrics, and checkpoint every
+``ckpt.interval`` steps (sharded, every rank writes its part). With ``resume`` it continues
+after the newest complete checkpoint; the metrics of steps that are redone are moved aside so
+``metrics.jsonl`` has no gap and no repeat. With ``bench`` it trains a few steps on fake data
+and prints a throughput table instead.
 """
 
 from __future__ import annotations
 
+import random
 import time
 
+from prime_core import distributed
 from prime_core.metrics import METRICS_FILE, MetricsLogger, drop_steps_from
 from prime_core.orchestrator.batch import wait_for_batch
 from prime_core.plugins import get_plugin_manager
 from prime_core.trainer import ckpt
-from prime_core.trainer.model import build_model, token_logprobs
-from prime_core.trainer.optim import build_optimizer, build_scheduler, clip_and_step
+from prime_core.trainer.build import full_state_dict, start_training
+from prime_core.trainer.fake import FakeDataConfig, fake_batch
+from prime_core.trainer.optim import clip_and_step
+from prime_core.trainer.step import forward_backward, share
 from prime_core.weights import remove_after
 
 SHOW = ("loss", "reward", "entropy", "mismatch_kl", "grad_norm", "tokens_per_s")
@@ -28,88 +34,113 @@ def device_name() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def train_step(model, batch: dict, loss_fn, loss_kwargs: dict, device: str) -> dict:
-    """Forward and backward over every micro-batch of one step; returns summed diagnostics."""
-    import torch
-
-    micro_batches = batch["micro_batches"]
-    temperature = batch.get("temperature", 1.0) or 1.0
-    total_tokens = sum(sum(mb["loss_mask"]) for mb in micro_batches) or 1
-    sums = {"loss": 0.0, "entropy": 0.0, "mismatch_kl": 0.0, "is_masked": 0.0}
-    for mb in micro_batches:
-        input_ids = torch.tensor([mb["input_ids"]], dtype=torch.long, device=device)
-        position_ids = torch.tensor([mb["position_ids"]], dtype=torch.long, device=device)
-        mask, inference_logprobs, advantages = (torch.tensor(mb[key], dtype=torch.float32, device=device)
-                                                for key in ("loss_mask", "inference_logprobs", "advantages"))
-        logp, entropy = token_logprobs(model, input_ids, position_ids, temperature=temperature)
-        loss_tok, extra = loss_fn(logp, inference_logprobs, advantages, **loss_kwargs)
-        loss = (loss_tok * mask).sum() / total_tokens
-        loss.backward()
-        sums["loss"] += float(loss.detach())
-        sums["entropy"] += float((entropy * mask).sum()) / total_tokens
-        for key in ("mismatch_kl", "is_masked"):
-            if key in extra:
-                sums[key] += float((extra[key] * mask).sum()) / total_tokens
-    sums["loss_tokens"] = total_tokens
-    sums["tokens"] = sum(len(mb["input_ids"]) for mb in micro_batches)
+def train_one_step(training, batch: dict, loss_fn, loss_kwargs: dict, max_norm) -> dict:
+    """Forward/backward over this rank's share of ``batch`` and one optimizer step; returns the
+    step's sums over all ranks."""
+    world = training.world
+    rows = batch["micro_batches"]
+    total = sum(sum(row["loss_mask"]) for row in rows)
+    mine = share(rows, world.rank, world.size)
+    sums = forward_backward(training.policy.model, mine, total_loss_tokens=total, world=world, loss_fn=loss_fn,
+                            loss_kwargs=loss_kwargs, temperature=batch.get("temperature", 1.0) or 1.0)
+    keys = sorted(sums)
+    sums = dict(zip(keys, distributed.all_reduce_sum([sums[k] for k in keys], world), strict=True))
+    sums["grad_norm"] = clip_and_step(training.policy.model, training.optimizer, training.scheduler, max_norm)
+    sums["loss_tokens"] = total
+    sums["rows"] = mine
     return sums
 
 
 def run(config) -> int:
-    import torch
-
     manager = get_plugin_manager()
-    torch.manual_seed(config.seed)
-    device = device_name()
-    model, impl = build_model(config.model, manager, device=device)
-    model.train()
-    optimizer = build_optimizer(model, config.optim)
-    scheduler = build_scheduler(optimizer, config.scheduler, config.max_steps)
+    bench = config.bench
+    fake = config.data.fake or (FakeDataConfig() if bench else None)
+    max_steps = bench.warmup_steps + bench.steps if bench else config.max_steps
+    training = start_training(config, "trainer", max_steps=max_steps, seed=config.seed, manager=manager)
+    world, policy = training.world, training.policy
     loss_fn = manager.select("algorithms", f"loss:{config.loss.type}", key="trainer.loss.type",
                              shown=config.loss.type).fn
+    rng = random.Random(fake.seed if fake else 0)
+    if bench:
+        return run_bench(config, training, loss_fn, fake, rng)
+
     transport = manager.select("weight_transports", config.weight_broadcast.type, key="weight_broadcast.type")
-    publisher = transport.publisher(config, output_dir=config.output_dir)
-    metrics = MetricsLogger(config, role="trainer", output_dir=config.output_dir)
+    publisher = transport.publisher(config, output_dir=config.output_dir) if world.main else None
+    metrics = MetricsLogger(config, role="trainer", output_dir=config.output_dir) if world.main else None
+
+    def publish(step: int) -> None:
+        state = full_state_dict(policy, world)  # collective
+        if world.main:
+            publisher.publish(policy.model, step, state)
+            manager.hook.prime_on_weights_published(
+                step=step, path=str(config.output_dir / "weights" / f"step_{step}"))
+        distributed.barrier(world)
 
     done = 0
     if config.resume:
         found = ckpt.complete_checkpoints(config.output_dir)
         if found:
             done, path = found[-1]
-            ckpt.load(path, model, optimizer)
+            ckpt.load(path, policy.model, training.optimizer)
             for _ in range(done):
-                scheduler.step()
-        remove_after(config.output_dir, done)  # weights a crashed run published after its checkpoint
-        moved = drop_steps_from(config.output_dir / METRICS_FILE, "trainer", done + 1)
-        print(f"resuming after step {done}" + (f" from {path}" if found else " (no complete checkpoint)")
-              + f"; {moved} superseded metric lines moved aside", flush=True)
+                training.scheduler.step()
+        if world.main:
+            remove_after(config.output_dir, done)  # weights a crashed run published after its checkpoint
+            moved = drop_steps_from(config.output_dir / METRICS_FILE, "trainer", done + 1)
+            print(f"resuming after step {done}" + (f" from {path}" if found else " (no complete checkpoint)")
+                  + f"; {moved} superseded metric lines moved aside", flush=True)
         if done:
-            publisher.publish(model, done)  # the orchestrator reloads inference from here
-    print(f"trainer: model {config.model.name} ({impl}) on {device}, steps {done + 1}..{config.max_steps}",
-          flush=True)
+            publish(done)  # the orchestrator reloads inference from here
+    print(f"trainer: model {config.model.name} ({policy.impl}) on {world.size} × {world.device}, "
+          f"strategies {', '.join(policy.applied) or 'none'}, steps {done + 1}..{config.max_steps}", flush=True)
 
     step = done
     while config.max_steps is None or step < config.max_steps:
         step += 1
-        batch = wait_for_batch(config.output_dir, step)
+        vocab = policy.hf_config.vocab_size
+        batch = fake_batch(fake, config.seq_len, vocab, rng) if fake else wait_for_batch(config.output_dir, step)
         start = time.perf_counter()
-        sums = train_step(model, batch, loss_fn, config.loss.kwargs, device)
-        grad_norm = clip_and_step(model, optimizer, scheduler, config.optim.max_norm)
+        sums = train_one_step(training, batch, loss_fn, config.loss.kwargs, config.optim.max_norm)
         elapsed = time.perf_counter() - start
-        publisher.publish(model, step)
-        manager.hook.prime_on_weights_published(step=step, path=str(config.output_dir / "weights" / f"step_{step}"))
-        info = batch.get("info", {})
-        record = {
-            "loss": sums["loss"], "entropy": sums["entropy"], "mismatch_kl": sums["mismatch_kl"],
-            "is_masked": sums["is_masked"], "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0],
-            "tokens": sums["tokens"], "loss_tokens": sums["loss_tokens"], "step_time": elapsed,
-            "tokens_per_s": sums["tokens"] / elapsed if elapsed else 0.0,
-            "reward": info.get("reward", float("nan")),
-            "off_policy_max": info.get("off_policy_max", 0), "policy_versions": info.get("versions", []),
-        }
-        metrics.log(step, record, show=SHOW)
+        publish(step)
+        if world.main:
+            info = batch.get("info", {})
+            record = {
+                "loss": sums["loss"], "entropy": sums["entropy"], "mismatch_kl": sums["mismatch_kl"],
+                "is_masked": sums["is_masked"], "grad_norm": sums["grad_norm"],
+                "lr": training.scheduler.get_last_lr()[0], "tokens": sums["tokens"],
+                "loss_tokens": sums["loss_tokens"], "step_time": elapsed,
+                "tokens_per_s": sums["tokens"] / elapsed if elapsed else 0.0,
+                "reward": info.get("reward", float("nan")),
+                "off_policy_max": info.get("off_policy_max", 0), "policy_versions": info.get("versions", []),
+            }
+            metrics.log(step, record, show=SHOW)
         if config.ckpt.interval and step % config.ckpt.interval == 0:
-            path = ckpt.save(config.output_dir, step, model, optimizer, {}, keep_last=config.ckpt.keep_last)
-            manager.hook.prime_on_checkpoint(step=step, path=str(path))
-    metrics.close()
+            path = ckpt.save(config.output_dir, step, policy.model, training.optimizer, {}, world=world,
+                             keep_last=config.ckpt.keep_last)
+            if world.main:
+                manager.hook.prime_on_checkpoint(step=step, path=str(path))
+    if metrics:
+        metrics.close()
+    distributed.shutdown()
+    return 0
+
+
+def run_bench(config, training, loss_fn, fake, rng) -> int:
+    from prime_core.bench import BenchMeter
+
+    policy = training.policy
+    meter = BenchMeter(config.bench, world=training.world, model=policy.model, hf_config=policy.hf_config,
+                       dtype=config.model.dtype,
+                       label={"role": "trainer", "model": str(config.model.name), "seq_len": config.seq_len,
+                              "config": ", ".join(policy.applied) or "plain", "data": fake.length})
+    for step in range(1, meter.total_steps + 1):
+        batch = fake_batch(fake, config.seq_len, policy.hf_config.vocab_size, rng)
+        started = meter.start_step(step)
+        sums = train_one_step(training, batch, loss_fn, config.loss.kwargs, config.optim.max_norm)
+        meter.end_step(step, started, sums["rows"])
+        if training.world.main:
+            print(f"bench step {step}/{meter.total_steps}: loss {sums['loss']:.4f}", flush=True)
+    meter.report()
+    distributed.shutdown()
     return 0

@@ -1,9 +1,45 @@
-"""Hooks of prime-plugin-fsdp.
+"""Hooks of prime-plugin-fsdp: the ``fsdp`` parallel strategy (FSDP2 ``fully_shard``).
 
-FSDP2 sharding (full, HSDP), CPU offload and mixed precision for the trainer.
-
-Nothing is registered yet: the `fsdp` parallel strategy is not implemented in this version, and a
-plugin never claims a capability it does not have.
+Full sharding over the data-parallel mesh by default; HSDP (replicate × shard) when the core
+hands over a 2-D mesh (``trainer.model.dp_replicate`` > 1). Each transformer block is its own
+FSDP unit, then the root (embeddings, final norm, LM head). Mixed precision computes in
+``trainer.model.dtype`` with master weights in ``optimization_dtype`` and gradients reduced in
+``reduce_dtype``; ``fsdp_cpu_offload`` keeps parameters, gradients and optimizer state in
+(pinned) CPU memory.
 """
 
+from __future__ import annotations
+
+from prime_core import hookimpl
+from prime_core.specs import ParallelStrategy
+
 PRIME_PLUGIN_API = 1
+
+
+def apply(model, *, mesh, config, world):
+    import torch
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    from prime_core.trainer.model import transformer_blocks
+
+    compute = getattr(torch, config.dtype)
+    master = getattr(torch, config.optimization_dtype)
+    mixed = MixedPrecisionPolicy(param_dtype=None if compute == master else compute,
+                                 reduce_dtype=getattr(torch, config.reduce_dtype))
+    offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if config.fsdp_cpu_offload else OffloadPolicy()
+    blocks = transformer_blocks(model)
+    for index, block in enumerate(blocks):
+        # The last block's parameters are needed again right away by the backward pass.
+        reshard = config.reshard_after_forward and index < len(blocks) - 1
+        fully_shard(block, mesh=mesh, mp_policy=mixed, offload_policy=offload, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=mixed, offload_policy=offload,
+                reshard_after_forward=config.reshard_after_forward)
+    return model
+
+
+@hookimpl
+def prime_parallel_strategies():
+    return [ParallelStrategy(
+        name="fsdp", apply=apply, mesh_dims=("dp_replicate", "dp_shard"),
+        description="FSDP2 full sharding / HSDP, mixed precision, CPU offload",
+    )]

@@ -1,0 +1,244 @@
+"""Benchmark mode (``--bench``): a few warm-up and measured steps, then a table of step time,
+tokens/s, MFU and peak memory.
+
+MFU (model FLOPs utilisation) = useful FLOPs per second / the device's peak. Useful FLOPs of a
+training step over samples of lengths ``s_i`` (fwd + bwd, causal attention):
+
+    6 · N · Σ s_i  +  6 · n_layers · (n_heads · head_dim) · Σ s_i²
+
+``N`` counts every parameter that takes part in matmuls: all parameters except the input
+embedding, with the LM head counted once even when tied to it. The attention term counts
+``Q·Kᵀ`` and ``A·V`` (2 · s² · d each forward, halved by the causal mask, ×3 for fwd+bwd).
+Recomputation (activation checkpointing) is not useful work and is not counted. The peak is
+the dense bf16/fp16 tensor-core figure of the device from a table, or measured with a large
+matmul where the device is not in it (CPUs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+
+from pydantic import Field
+
+from prime_core.config.base import Section
+
+
+class BenchConfig(Section):
+    """``--bench``: run ``warmup_steps`` + ``steps`` steps on fake data and print a throughput table."""
+
+    warmup_steps: int = Field(default=2, ge=0)
+    steps: int = Field(default=3, ge=1)
+    output_json: Path | None = None
+    """Also save the results here."""
+
+
+# Dense peak (FLOP/s) with bf16/fp16 tensor cores, by a substring of the device name.
+PEAK_FLOPS = {
+    "H200": 989e12, "H100": 989e12, "H800": 989e12, "H20": 148e12, "GH200": 989e12,
+    "B200": 2250e12, "B100": 1750e12, "A100": 312e12, "A800": 312e12, "L40S": 362e12,
+    "A10G": 125e12, "L4": 121e12, "RTX 4090": 165e12,
+}
+
+
+def device_description(device) -> str:
+    import platform
+
+    import torch
+
+    if getattr(device, "type", device) == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+
+
+def peak_flops(device, dtype: str) -> tuple[float, str]:
+    """``(FLOP/s, source)`` for one device of this kind."""
+    name = device_description(device)
+    for key in sorted(PEAK_FLOPS, key=len, reverse=True):
+        if key in name:
+            return PEAK_FLOPS[key], f"table ({key}, dense bf16)"
+    return measured_peak(device, dtype), "measured (matmul)"
+
+
+def measured_peak(device, dtype: str, size: int = 1024, seconds: float = 0.5) -> float:
+    import torch
+
+    dt = getattr(torch, dtype)
+    a = torch.randn(size, size, device=device, dtype=dt)
+    b = torch.randn(size, size, device=device, dtype=dt)
+    a @ b
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        count += 1
+    if getattr(device, "type", device) == "cuda":
+        torch.cuda.synchronize(device)
+    return 2 * size**3 * count / (time.perf_counter() - start)
+
+
+def matmul_params(model, hf_config) -> int:
+    """``N`` above, from the full (unsharded) parameter shapes."""
+    total = sum(p.numel() for p in model.parameters())  # DTensor.numel() is the global size
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    embed_numel = embed.weight.numel() if embed is not None else 0
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    return total if tied else total - embed_numel
+
+
+def attention_dims(hf_config) -> tuple[int, int]:
+    layers = getattr(hf_config, "num_hidden_layers", 0)
+    heads = getattr(hf_config, "num_attention_heads", 0)
+    head_dim = getattr(hf_config, "head_dim", None) or (getattr(hf_config, "hidden_size", 0) // max(1, heads))
+    return layers, heads * head_dim
+
+
+def sample_lengths(position_ids: list[int]) -> list[int]:
+    """Lengths of the samples packed in one row (each starts at position 0)."""
+    lengths: list[int] = []
+    for pos in position_ids:
+        if pos == 0 or not lengths:
+            lengths.append(0)
+        lengths[-1] += 1
+    return lengths
+
+
+def step_flops(rows: list[dict], n_params: int, hf_config) -> float:
+    layers, width = attention_dims(hf_config)
+    tokens = squares = 0
+    for row in rows:
+        if row.get("padding"):
+            continue
+        for length in sample_lengths(row["position_ids"]):
+            tokens += length
+            squares += length * length
+    return 6.0 * n_params * tokens + 6.0 * layers * width * squares
+
+
+def reset_peak_memory(device) -> None:
+    import torch
+
+    if getattr(device, "type", device) == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device) -> tuple[float, float]:
+    """``(peak bytes, device capacity bytes)``: allocator peak on GPUs, process peak RSS on CPUs."""
+    import torch
+
+    if getattr(device, "type", device) == "cuda":
+        return float(torch.cuda.max_memory_allocated(device)), float(torch.cuda.get_device_properties(device).total_memory)
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return rss, float(total)
+
+
+class BenchMeter:
+    """Collects the measured steps of one rank and reports for the whole job on rank 0."""
+
+    def __init__(self, config: BenchConfig, *, world, model, hf_config, dtype: str, label: dict) -> None:
+        self.config = config
+        self.world = world
+        self.n_params = matmul_params(model, hf_config)
+        self.hf_config = hf_config
+        self.dtype = dtype
+        self.label = label
+        self.steps: list[dict] = []
+
+    @property
+    def total_steps(self) -> int:
+        return self.config.warmup_steps + self.config.steps
+
+    def start_step(self, step: int) -> float:
+        from prime_core import distributed
+
+        if step == self.config.warmup_steps + 1:
+            reset_peak_memory(self.world.device)
+        synchronize(self.world.device)
+        distributed.barrier(self.world)
+        return time.perf_counter()
+
+    def end_step(self, step: int, started: float, rows: list[dict]) -> None:
+        from prime_core import distributed
+
+        synchronize(self.world.device)
+        elapsed = time.perf_counter() - started
+        tokens = sum(len(r["input_ids"]) for r in rows if not r.get("padding"))
+        flops = step_flops(rows, self.n_params, self.hf_config)
+        tokens, flops = distributed.all_reduce_sum([tokens, flops], self.world)
+        (elapsed,) = distributed.all_reduce_max([elapsed], self.world)
+        if step > self.config.warmup_steps:
+            self.steps.append({"step_time": elapsed, "tokens": tokens, "flops": flops})
+
+    def result(self) -> dict:
+        from prime_core import distributed
+
+        peak_bytes, capacity = peak_memory(self.world.device)
+        (peak_bytes,) = distributed.all_reduce_max([peak_bytes], self.world)
+        device_peak, source = peak_flops(self.world.device, self.dtype)
+        times = [s["step_time"] for s in self.steps]
+        tokens_per_s = [s["tokens"] / s["step_time"] for s in self.steps]
+        mfu = [s["flops"] / s["step_time"] / (device_peak * self.world.size) for s in self.steps]
+        return {
+            **self.label,
+            "device": device_description(self.world.device), "devices": self.world.size,
+            "steps": len(self.steps), "warmup_steps": self.config.warmup_steps,
+            "step_time_s": statistics.mean(times), "step_time_std_s": statistics.pstdev(times),
+            "tokens_per_step": statistics.mean(s["tokens"] for s in self.steps),
+            "tokens_per_s": statistics.mean(tokens_per_s),
+            "tokens_per_s_per_device": statistics.mean(tokens_per_s) / self.world.size,
+            "mfu": statistics.mean(mfu), "peak_flops": device_peak, "peak_flops_source": source,
+            "matmul_params": self.n_params,
+            "peak_memory_gib": peak_bytes / 2**30, "peak_memory_pct": 100.0 * peak_bytes / capacity,
+            "device_memory_gib": capacity / 2**30,
+        }
+
+    def report(self) -> dict | None:
+        """Print the table (rank 0) and save ``output_json``; returns the result on rank 0."""
+        result = self.result()
+        if not self.world.main:
+            return None
+        print_table(result)
+        if self.config.output_json:
+            path = Path(self.config.output_json)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(result, indent=2) + "\n")
+            print(f"bench: results saved to {path}", flush=True)
+        return result
+
+
+def synchronize(device) -> None:
+    import torch
+
+    if getattr(device, "type", device) == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def print_table(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    title = " · ".join(f"{k} {v}" for k, v in result.items() if k in ("role", "model", "seq_len", "config"))
+    table = Table(title=f"benchmark: {title}", show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("device", f"{result['devices']} × {result['device']}"),
+        ("measured steps (after warm-up)", f"{result['steps']} (after {result['warmup_steps']})"),
+        ("step time", f"{result['step_time_s']:.3f} s ± {result['step_time_std_s']:.3f}"),
+        ("tokens per step", f"{result['tokens_per_step']:,.0f}"),
+        ("tokens/s", f"{result['tokens_per_s']:,.0f}"),
+        ("tokens/s per device", f"{result['tokens_per_s_per_device']:,.0f}"),
+        ("MFU", f"{100 * result['mfu']:.1f} %" if math.isfinite(result["mfu"]) else "n/a"),
+        ("peak FLOP/s per device", f"{result['peak_flops'] / 1e12:,.1f} T ({result['peak_flops_source']})"),
+        ("peak memory", f"{result['peak_memory_gib']:.2f} GiB ({result['peak_memory_pct']:.1f} % of "
+                        f"{result['device_memory_gib']:.0f} GiB)"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    Console(highlight=False).print(table)

@@ -1,0 +1,156 @@
+"""The one place that creates process groups and device meshes.
+
+Trainer processes started by torchrun (``WORLD_SIZE`` > 1) join one process group: NCCL on
+GPUs, gloo on CPUs. Strategies never create groups; they receive the mesh built here, whose
+named dimensions are ``dp_replicate`` (HSDP replicas) and ``dp_shard`` (FSDP shards).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class World:
+    rank: int = 0
+    local_rank: int = 0
+    size: int = 1
+    device: Any = "cpu"
+    """``torch.device`` this rank computes on."""
+    meshes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def from_env() -> tuple[int, int, int]:
+    """``(rank, local_rank, world_size)`` as torchrun sets them (``0, 0, 1`` otherwise)."""
+    return (int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
+            int(os.environ.get("WORLD_SIZE", 1)))
+
+
+def init() -> World:
+    """Join the process group torchrun prepared (if any) and pick this rank's device."""
+    import torch
+    import torch.distributed as dist
+
+    rank, local_rank, size = from_env()
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    if size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+    return World(rank=rank, local_rank=local_rank, size=size, device=device)
+
+
+def data_parallel_mesh(world: World, dp_replicate: int = 1):
+    """The mesh FSDP shards over: 1-D ``(dp_shard,)``, or 2-D ``(dp_replicate, dp_shard)``
+    for HSDP. Works with one process too (a mesh of size 1)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if world.size % dp_replicate:
+        raise ValueError(f"trainer.model.dp_replicate = {dp_replicate} does not divide the "
+                         f"{world.size} trainer processes")
+    if not dist.is_initialized():
+        # A single process still gets a real (size-1) group so that every code path is the same.
+        dist.init_process_group(backend="gloo" if world.device.type == "cpu" else "nccl",
+                                store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=world.device if world.device.type == "cuda" else None)
+    if dp_replicate > 1:
+        mesh = init_device_mesh(world.device.type, (dp_replicate, world.size // dp_replicate),
+                                mesh_dim_names=("dp_replicate", "dp_shard"))
+    else:
+        mesh = init_device_mesh(world.device.type, (world.size,), mesh_dim_names=("dp_shard",))
+    world.meshes["dp"] = mesh
+    return mesh
+
+
+def all_reduce_sum(values: list[float], world: World) -> list[float]:
+    """Sum floats over every rank (identity in a single process)."""
+    if not world.distributed:
+        return list(values)
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor(values, dtype=torch.float64, device=world.device)
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def all_reduce_max(values: list[float], world: World) -> list[float]:
+    if not world.distributed:
+        return list(values)
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor(values, dtype=torch.float64, device=world.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
+
+
+def barrier(world: World) -> None:
+    if world.distributed:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def shutdown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class _Tee:
+    def __init__(self, *streams) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self.streams[0].fileno()
+
+
+def log_per_rank(world: World, log_dir: Path) -> None:
+    """Every rank writes ``log_dir/rank_N.log``; only rank 0 also prints to the console.
+
+    Other ranks redirect their file descriptors so that C++ warnings land in their log too.
+    """
+    if not world.distributed:
+        return
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(log_dir / f"rank_{world.rank}.log", "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+    if world.main:
+        sys.stdout = _Tee(sys.stdout, handle)
+        sys.stderr = _Tee(sys.stderr, handle)
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(handle.fileno(), 1)
+    os.dup2(handle.fileno(), 2)
+    sys.stdout = sys.stderr = handle

@@ -1,0 +1,141 @@
+"""The trainer's fixed build order, owned by the core (DESIGN.md):
+
+model impl → LoRA → expert parallel → context parallel → activation checkpointing →
+activation offloading → compile → FSDP2 → optimizer (state on CPU if asked).
+
+Each step past the model is a ``ParallelStrategy`` selected by name from the registry when
+its config key is on. ``fsdp`` is the data-parallel strategy: it is applied whenever it is
+installed (one process included, for its mixed precision and offloading), and required with
+more than one trainer process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from prime_core.errors import PluginError
+from prime_core.trainer.model import resolve_impl
+
+ORDER = ("lora", "ep", "cp", "ac", "ac_offloading", "compile", "fsdp")
+KEYS = {"lora": "trainer.model.lora", "ep": "trainer.model.ep", "cp": "trainer.model.cp",
+        "ac": "trainer.model.ac", "ac_offloading": "trainer.model.ac_offloading",
+        "compile": "trainer.model.compile", "fsdp": "trainer.model"}
+
+
+@dataclass
+class Policy:
+    model: Any
+    impl: str
+    applied: list[str] = field(default_factory=list)
+    hf_config: Any = None
+    exporter: Any = None
+    """``exporter(model, world) -> dict`` of what is published (set by a strategy such as LoRA)."""
+
+
+def requested(model_config) -> list[str]:
+    """Strategies the config turns on, in build order (``fsdp`` decided separately)."""
+    on = {"lora": model_config.lora is not None, "ep": model_config.ep > 1, "cp": model_config.cp > 1,
+          "ac": model_config.ac is not None, "ac_offloading": model_config.ac_offloading is not None,
+          "compile": model_config.compile is not None}
+    return [name for name in ORDER if on.get(name)]
+
+
+def build_policy(model_config, manager, world) -> Policy:
+    """Build the policy on CPU, apply the strategies in order, and place it on ``world.device``."""
+    from prime_core import distributed
+    from prime_core.hub import loading
+
+    strategies = manager.registry("parallel_strategies")
+    names = requested(model_config)
+    use_fsdp = "fsdp" in strategies and strategies["fsdp"].spec.unavailable_reason() is None
+    if world.size > 1 and not use_fsdp:
+        raise PluginError(
+            f"{world.size} trainer processes need a data-parallel strategy, and the 'fsdp' parallel "
+            "strategy is not installed",
+            hint="pip install prime-plugin-fsdp (or run one trainer process)",
+        )
+    impl = resolve_impl(model_config, manager)
+    # FSDP keeps master weights in optimization_dtype and computes in dtype; without it the
+    # parameters are simply held in dtype.
+    build_dtype = model_config.optimization_dtype if use_fsdp else model_config.dtype
+    with loading(model_config.name, "model.name"):
+        model = impl.build(model_config.model_copy(update={"dtype": build_dtype}), device="cpu")
+    policy = Policy(model=model, impl=impl.name, hf_config=getattr(model, "config", None))
+    if policy.hf_config is not None:
+        policy.hf_config.dtype = model_config.dtype  # what published checkpoints hold
+    for name in names + (["fsdp"] if use_fsdp else []):
+        spec = manager.select("parallel_strategies", name, key=KEYS[name])
+        mesh = None
+        if {"dp_shard", "dp_replicate"} & set(spec.mesh_dims):
+            mesh = world.meshes.get("dp") or distributed.data_parallel_mesh(world, model_config.dp_replicate)
+        result = spec.apply(policy.model, mesh=mesh, config=model_config, world=world)
+        if isinstance(result, tuple):  # (model, exporter): the strategy decides what is published
+            result, policy.exporter = result
+        policy.model = result
+        policy.applied.append(name)
+    if not use_fsdp:
+        policy.model.to(world.device)
+    return policy
+
+
+def full_state_dict(policy: Policy, world) -> dict | None:
+    """What is published: full (unsharded) tensors with Hugging Face names, on CPU, on rank 0
+    (``None`` elsewhere). Every rank must call it: gathering is collective."""
+    import torch
+
+    if policy.exporter is not None:
+        return policy.exporter(policy.model, world)
+    if "fsdp" in policy.applied:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(policy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:
+        state = {key: value.detach().cpu() for key, value in clean_names(policy.model.state_dict()).items()}
+    if not world.main:
+        return None
+    dtype = getattr(torch, str(getattr(policy.hf_config, "dtype", "float32")).replace("torch.", ""))
+    return {key: value.to(dtype) if value.is_floating_point() else value for key, value in clean_names(state).items()}
+
+
+_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_offload_wrapped_module.")
+
+
+def clean_names(state: dict) -> dict:
+    """Drop the name parts wrappers add (checkpointing, compile, offloading)."""
+    out = {}
+    for key, value in state.items():
+        for part in _WRAPPER_PARTS:
+            key = key.replace(part, "")
+        out[key] = value
+    return out
+
+
+@dataclass
+class Training:
+    """Everything a training loop needs, built the same way by ``prime trainer`` and ``prime sft``."""
+
+    world: Any
+    policy: Policy
+    optimizer: Any
+    scheduler: Any
+
+
+def start_training(config, role: str, *, max_steps: int | None, seed: int, manager) -> Training:
+    """Join the process group, send each rank's output to ``logs/<role>/rank_N.log``, build the
+    policy, optimizer and learning-rate schedule."""
+    from pathlib import Path
+
+    import torch
+
+    from prime_core import distributed
+    from prime_core.trainer.optim import build_optimizer, build_scheduler
+
+    world = distributed.init()
+    distributed.log_per_rank(world, Path(config.output_dir) / "logs" / role)
+    torch.manual_seed(seed)
+    policy = build_policy(config.model, manager, world)
+    policy.model.train()
+    optimizer = build_optimizer(policy.model, config.optim, cpu_offload=config.model.optim_cpu_offload)
+    scheduler = build_scheduler(optimizer, config.scheduler, max_steps)
+    return Training(world=world, policy=policy, optimizer=optimizer, scheduler=scheduler)

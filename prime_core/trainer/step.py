@@ -1,0 +1,78 @@
+"""One optimisation step's forward and backward passes, split across data-parallel ranks.
+
+Every rank reads the whole step (so all agree on the token count the loss is normalised by)
+and takes a share of its packed rows, balanced by tokens. Sharded data parallelism needs
+every rank to run the same number of passes, so short shares are padded with rows whose
+loss mask is zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_KEYS = ("input_ids", "position_ids", "loss_mask", "advantages", "inference_logprobs")
+
+
+def share(rows: list[dict], rank: int, size: int) -> list[dict]:
+    """This rank's rows: largest first onto the least-loaded rank, then padded so every rank
+    has as many rows as the busiest one."""
+    if size == 1:
+        return list(rows)
+    loads = [0] * size
+    shares: list[list[dict]] = [[] for _ in range(size)]
+    for row in sorted(rows, key=lambda r: -len(r["input_ids"])):
+        target = min(range(size), key=lambda i: (loads[i], len(shares[i])))
+        shares[target].append(row)
+        loads[target] += len(row["input_ids"])
+    mine = shares[rank]
+    longest = max(len(s) for s in shares)
+    return mine + [padding_row() for _ in range(longest - len(mine))]
+
+
+def padding_row() -> dict:
+    return {"input_ids": [0, 0], "position_ids": [0, 1], "loss_mask": [0, 0], "advantages": [0.0, 0.0],
+            "inference_logprobs": [0.0, 0.0], "padding": True}
+
+
+def row_tensors(row: dict, device) -> dict[str, Any]:
+    import torch
+
+    out = {}
+    for key in _KEYS:
+        if key in row:
+            dtype = torch.long if key in ("input_ids", "position_ids") else torch.float32
+            out[key] = torch.tensor(row[key], dtype=dtype, device=device)
+    return out
+
+
+def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, loss_fn=None,
+                     loss_kwargs: dict | None = None, temperature: float = 1.0) -> dict:
+    """Forward and backward over this rank's rows; the loss is normalised by the loss tokens
+    of the whole step on every rank. With ``loss_fn`` the RL loss is used, otherwise the
+    negative log-likelihood (SFT). Returns this rank's sums (reduce them across ranks)."""
+    from prime_core.trainer.model import token_logprobs
+
+    # Data-parallel gradient reduction averages over ranks; the loss is a sum over them.
+    scale = world.size / max(1, total_loss_tokens)
+    sums = {"loss": 0.0, "entropy": 0.0, "mismatch_kl": 0.0, "is_masked": 0.0, "tokens": 0.0}
+    for row in rows:
+        t = row_tensors(row, world.device)
+        logp, entropy = token_logprobs(model, t["input_ids"][None], t["position_ids"][None],
+                                       temperature=temperature, with_entropy=loss_fn is not None)
+        mask = t["loss_mask"]
+        if loss_fn is None:
+            per_token, extra = -logp, {}
+        else:
+            per_token, extra = loss_fn(logp, t["inference_logprobs"], t["advantages"], **(loss_kwargs or {}))
+        loss = (per_token * mask).sum() * scale
+        loss.backward()
+        sums["loss"] += float(loss.detach()) / world.size
+        if not row.get("padding"):
+            sums["tokens"] += len(row["input_ids"])
+        norm = max(1, total_loss_tokens)
+        if entropy is not None:
+            sums["entropy"] += float((entropy * mask).sum()) / norm
+        for key in ("mismatch_kl", "is_masked"):
+            if key in extra:
+                sums[key] += float((extra[key] * mask).sum()) / norm
+    return sums
