@@ -62,11 +62,14 @@ class LaunchPlan:
 def role_command(role: str, config_path: Path, *, processes: int = 1) -> list[str]:
     """How any launcher starts a role: the same ``prime <role> FILE`` a user would type, under
     torchrun (one machine, a free rendezvous port) when the role runs as several processes."""
-    command = ["-m", "prime_core", role, str(config_path)]
+    return [*python_command(processes), "-m", "prime_core", role, str(config_path)]
+
+
+def python_command(processes: int = 1) -> list[str]:
+    """This Python, or torchrun starting ``processes`` copies on this machine (free port)."""
     if processes > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                str(processes), *command]
-    return [sys.executable, *command]
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
+    return [sys.executable]
 
 
 def split_devices(counts: dict[str, int], visible: str | None) -> dict[str, str]:

@@ -41,14 +41,18 @@ def requested(model_config) -> list[str]:
     return [name for name in ORDER if on.get(name)]
 
 
-def build_policy(model_config, manager, world) -> Policy:
-    """Build the policy on CPU, apply the strategies in order, and place it on ``world.device``."""
+def build_policy(model_config, manager, world, *, only: set[str] | None = None) -> Policy:
+    """Build the policy on CPU, apply the strategies in order, and place it on ``world.device``.
+
+    ``only`` limits the strategies to those named (parity tests build their single-process
+    reference with ``only={"lora"}``: the model without the numerically transparent ones)."""
     from prime_core import distributed
     from prime_core.hub import loading
 
     strategies = manager.registry("parallel_strategies")
-    names = requested(model_config)
-    use_fsdp = "fsdp" in strategies and strategies["fsdp"].spec.unavailable_reason() is None
+    names = [n for n in requested(model_config) if only is None or n in only]
+    use_fsdp = ("fsdp" in strategies and strategies["fsdp"].spec.unavailable_reason() is None
+                and (only is None or "fsdp" in only))
     if world.size > 1 and not use_fsdp:
         raise PluginError(
             f"{world.size} trainer processes need a data-parallel strategy, and the 'fsdp' parallel "

@@ -25,8 +25,10 @@ class ACConfig(Section):
     mode: Literal["full", "selective"] = "full"
     freq: int = Field(default=1, ge=1)
     """Checkpoint every ``freq`` blocks (1 = every block)."""
-    targets: list[str] = Field(default_factory=lambda: ["norm"])
-    """Sub-modules recomputed in ``selective`` mode."""
+    targets: list[Literal["norm", "attn_proj", "attention", "mlp_proj", "mlp"]] = Field(
+        default_factory=lambda: ["norm"], min_length=1)
+    """Sub-modules recomputed in ``selective`` mode: ``norm`` (normalisation layers), ``attn_proj``
+    (q/k/v/o projections), ``attention``, ``mlp_proj`` (gate/up/down projections), ``mlp``."""
 
 
 class ACOffloadingConfig(Section):

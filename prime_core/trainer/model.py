@@ -62,7 +62,8 @@ def token_logprobs(model, input_ids, position_ids, *, temperature: float = 1.0, 
 
     single = bool((position_ids[0, 1:] != 0).all())
     mask = None if single else block_causal_mask(position_ids)
-    logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask).logits[0, :-1].float()
+    logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                   use_cache=False).logits[0, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
     targets = input_ids[0, 1:]

@@ -1,0 +1,1 @@
+"""prime-plugin-ac: activation checkpointing (full and selective) and activation offloading."""

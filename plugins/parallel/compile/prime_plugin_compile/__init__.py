@@ -1,0 +1,1 @@
+"""prime-plugin-compile: torch.compile of the transformer blocks."""

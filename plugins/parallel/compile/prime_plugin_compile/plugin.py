@@ -1,0 +1,27 @@
+"""Hooks of prime-plugin-compile: the ``compile`` parallel strategy (``trainer.model.compile``).
+
+Each transformer block (after checkpointing/offloading wrappers, before FSDP) is compiled in
+place with ``torch.compile``; the blocks share one compiled graph because they have the same
+code and shapes. Compiling blocks rather than the whole model keeps graph breaks at the
+boundaries FSDP hooks into. ``fullgraph = true`` makes any graph break an error.
+"""
+
+from __future__ import annotations
+
+from prime_core import hookimpl
+from prime_core.specs import ParallelStrategy
+
+PRIME_PLUGIN_API = 1
+
+
+def apply(model, *, config, **_):
+    from prime_core.trainer.model import transformer_blocks
+
+    for block in transformer_blocks(model):
+        block.compile(fullgraph=config.compile.fullgraph)
+    return model
+
+
+@hookimpl
+def prime_parallel_strategies():
+    return [ParallelStrategy(name="compile", apply=apply, description="torch.compile of each transformer block")]

@@ -1,0 +1,145 @@
+"""Numerical parity of training strategies against a single eager process.
+
+    python -m prime_core.parity MODEL_DIR OUT_DIR CASES.json [--reference] [--save-ckpt] [--load-ckpt]
+
+runs each case (``{"name": ..., "model": {trainer.model keys}, "optim": {...}}``) for
+``steps`` optimizer steps on the same deterministic, variable-length packed batches, and
+writes ``OUT_DIR/<name>.pt`` with the losses, gradient norms and final full weights. Run it
+under torchrun for N processes; ``--reference`` builds the plain model instead (one process,
+no strategies except LoRA, which changes the model). Parallel-strategy plugins, ours or a
+third party's, compare the two with ``compare`` (see ``plugins/parallel/*/tests``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+STEPS = 3
+SEQ_LEN = 96
+SAMPLES = 12
+
+
+def batch_for(step: int, vocab_size: int) -> dict:
+    from prime_core.trainer.fake import FakeDataConfig, fake_batch
+
+    return fake_batch(FakeDataConfig(batch_size=SAMPLES, length="variable"), SEQ_LEN, vocab_size,
+                      random.Random(1000 + step))
+
+
+def run_case(case: dict, model_dir: str, out_dir: Path, *, reference: bool, save_ckpt: bool,
+             load_ckpt: bool, world) -> None:
+    import torch
+
+    from prime_core import distributed
+    from prime_core.plugins import get_plugin_manager
+    from prime_core.trainer import ckpt
+    from prime_core.trainer.build import build_policy, full_state_dict
+    from prime_core.trainer.config import OptimConfig, SchedulerConfig, TrainerModelConfig
+    from prime_core.trainer.optim import build_optimizer, build_scheduler, clip_and_step
+    from prime_core.trainer.step import forward_backward, share
+
+    manager = get_plugin_manager()
+    model_config = TrainerModelConfig(name=model_dir, impl="hf", dtype="float32", **case.get("model", {}))
+    optim_config = OptimConfig(**{"lr": 1e-2, "weight_decay": 0.01, **case.get("optim", {})})
+    world.meshes.clear()
+    torch.manual_seed(0)
+    policy = build_policy(model_config, manager, world, only={"lora"} if reference else None)
+    policy.model.train()
+    optimizer = build_optimizer(policy.model, optim_config,
+                                cpu_offload=model_config.optim_cpu_offload and not reference)
+    scheduler = build_scheduler(optimizer, SchedulerConfig(), None)
+    steps = case.get("steps", STEPS)
+    first = 1
+    if load_ckpt:
+        progress = ckpt.load(out_dir / case["name"] / "checkpoints" / f"step_{case['ckpt_step']}",
+                             policy.model, optimizer)
+        first = progress["step"] + 1
+    losses, norms = [], []
+    for step in range(first, steps + 1):
+        rows = batch_for(step, policy.hf_config.vocab_size)["micro_batches"]
+        total = sum(sum(r["loss_mask"]) for r in rows)
+        sums = forward_backward(policy.model, share(rows, world.rank, world.size), total_loss_tokens=total,
+                                world=world, loss_fn=_loss(manager))
+        (loss,) = distributed.all_reduce_sum([sums["loss"]], world)
+        norms.append(clip_and_step(policy.model, optimizer, scheduler, 1.0))
+        losses.append(loss)
+        if save_ckpt and step == case.get("ckpt_step"):
+            ckpt.save(out_dir / case["name"], step, policy.model, optimizer, {}, world=world)
+    state = full_state_dict(policy, world)
+    if world.main:
+        torch.save({"losses": losses, "grad_norms": norms, "state": state, "applied": policy.applied,
+                    "world_size": world.size}, out_dir / f"{case['name']}{'.reference' if reference else ''}.pt")
+
+
+def _loss(manager):
+    return manager.select("algorithms", "loss:default").fn
+
+
+def compare(reference: Path, result: Path, *, rtol: float = 1e-4, atol: float = 2e-5) -> dict:
+    """Raise ``AssertionError`` naming the first mismatch; returns the largest differences."""
+    import torch
+
+    ref, got = torch.load(reference, weights_only=False), torch.load(result, weights_only=False)
+    assert len(ref["losses"]) == len(got["losses"]) and ref["losses"], (ref["losses"], got["losses"])
+    worst = {"loss": 0.0, "weight": 0.0}
+    for step, (a, b) in enumerate(zip(ref["losses"], got["losses"], strict=True), 1):
+        assert abs(a - b) <= atol + rtol * abs(a), f"step {step}: loss {b} vs reference {a}"
+        worst["loss"] = max(worst["loss"], abs(a - b))
+    assert ref["state"].keys() == got["state"].keys(), set(ref["state"]) ^ set(got["state"])
+    for key, a in ref["state"].items():
+        b = got["state"][key]
+        diff = float((a.float() - b.float()).abs().max())
+        assert torch.allclose(a.float(), b.float(), rtol=rtol, atol=atol), f"{key}: max difference {diff}"
+        worst["weight"] = max(worst["weight"], diff)
+    return worst
+
+
+def run(model_dir, out_dir: Path, cases: list[dict], *, processes: int = 1, reference: bool = False,
+        save_ckpt: bool = False, load_ckpt: bool = False, timeout: float = 600) -> None:
+    """Run ``cases`` in ``processes`` gloo/NCCL processes (torchrun) or as the reference."""
+    import subprocess
+    import sys
+
+    from prime_core.launch.plan import python_command
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = out_dir / f"cases-{processes}-{'ref' if reference else 'run'}.json"
+    spec.write_text(json.dumps(cases))
+    command = [*python_command(processes), "-m", "prime_core.parity", str(model_dir), str(out_dir), str(spec)]
+    command += [flag for flag, on in (("--reference", reference), ("--save-ckpt", save_ckpt),
+                                      ("--load-ckpt", load_ckpt)) if on]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode:
+        sys.stderr.write(done.stdout[-4000:] + done.stderr[-8000:])
+        raise AssertionError(f"parity run failed ({done.returncode}): {' '.join(command)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m prime_core.parity")
+    parser.add_argument("model_dir")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("cases", type=Path)
+    parser.add_argument("--reference", action="store_true")
+    parser.add_argument("--save-ckpt", action="store_true")
+    parser.add_argument("--load-ckpt", action="store_true")
+    args = parser.parse_args(argv)
+
+    from prime_core import distributed
+
+    world = distributed.init()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    for case in json.loads(args.cases.read_text()):
+        run_case(case, args.model_dir, args.out_dir, reference=args.reference, save_ckpt=args.save_ckpt,
+                 load_ckpt=args.load_ckpt, world=world)
+        if world.main:
+            print(f"parity case {case['name']}: done", flush=True)
+    distributed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
