@@ -69,6 +69,7 @@ def run_case(case: dict, model_dir: str, out_dir: Path, *, reference: bool, save
         if save_ckpt and step == case.get("ckpt_step"):
             ckpt.save(out_dir / case["name"], step, policy.model, optimizer, {}, world=world)
     state = full_state_dict(policy, world)
+    state = getattr(state, "tensors", state)  # a LoRA run publishes only its adapter
     if world.main:
         torch.save({"losses": losses, "grad_norms": norms, "state": state, "applied": policy.applied,
                     "world_size": world.size}, out_dir / f"{case['name']}{'.reference' if reference else ''}.pt")

@@ -140,7 +140,9 @@ class InferenceBackend(Spec):
     ``inference`` role runs: ``start()``, ``wait_healthy(timeout)``, ``wait() -> exit code``,
     ``stop()``, ``base_url``. ``admin(base_url)`` returns the client the orchestrator uses on
     a running server: ``health() -> bool``, ``update_weights(path)`` (load a Hugging Face
-    checkpoint folder into the live server) and ``reset_prefix_cache()``.
+    checkpoint folder into the live server), ``reset_prefix_cache()`` and, for LoRA runs,
+    ``load_adapter(name, path)`` / ``unload_adapter(name)`` (serve a PEFT adapter folder under
+    a model name).
     """
 
     server: Callable[..., Any]
@@ -180,9 +182,9 @@ class WeightTransport(Spec):
 
     ``publisher(config, output_dir=...)`` is used by the trainer (rank 0): its
     ``publish(model, step, state_dict)`` gets the model (for its config) and the full,
-    unsharded tensors to publish (``state_dict`` is ``None`` when the model itself holds them;
-    for LoRA runs it carries ``adapter`` and ``adapter_config``). ``loader(config)`` is used by
-    the inference side.
+    unsharded tensors to publish (``None`` when the model itself holds them, a
+    ``prime_core.weights.Adapter`` in LoRA runs). ``loader(config)`` is used by the
+    orchestrator to find the newest published version.
     """
 
     publisher: Callable[..., Any]

@@ -1,6 +1,7 @@
 """The ``filesystem`` weight transport.
 
-The trainer writes ``output_dir/weights/step_N/`` (a Hugging Face checkpoint folder) through
+The trainer writes ``output_dir/weights/step_N/`` (a Hugging Face checkpoint folder, or a PEFT
+adapter folder for LoRA runs) through
 a temporary name and a rename, then a ``STABLE`` marker; the orchestrator only ever loads
 folders with the marker, so a half-written checkpoint is never served. Old versions are
 pruned, keeping the newest few.
@@ -32,7 +33,10 @@ class FilesystemPublisher:
         tmp = self.root / f".step_{step}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(final, ignore_errors=True)
-        model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        if isinstance(state_dict, Adapter):
+            state_dict.save(tmp)
+        else:
+            model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
         tmp.rename(final)
         (final / MARKER).touch()
         self._prune(step)
@@ -69,3 +73,28 @@ def remove_after(output_dir: Path, step: int) -> None:
     for s, path in versions(weights_dir(output_dir)):
         if s > step:
             shutil.rmtree(path, ignore_errors=True)
+
+
+class Adapter:
+    """A LoRA adapter to publish instead of full weights: PEFT tensor names and config."""
+
+    CONFIG = "adapter_config.json"
+    WEIGHTS = "adapter_model.safetensors"
+
+    def __init__(self, tensors: dict, config: dict) -> None:
+        self.tensors = tensors
+        self.config = config
+
+    def save(self, path: Path) -> None:
+        import json
+
+        from safetensors.torch import save_file
+
+        path.mkdir(parents=True, exist_ok=True)
+        save_file(self.tensors, str(path / self.WEIGHTS))
+        (path / self.CONFIG).write_text(json.dumps(self.config, indent=2) + "\n")
+
+
+def is_adapter(path: Path) -> bool:
+    """Whether a published folder holds a LoRA adapter (rather than full weights)."""
+    return (Path(path) / Adapter.CONFIG).is_file()

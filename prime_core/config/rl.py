@@ -113,6 +113,7 @@ class RLConfig(Section):
                     section.setdefault(key, value)
                 data[role] = section
         _point_client_at_server(data)
+        _serve_lora(data)
         return data
 
 
@@ -129,6 +130,20 @@ def _move_legacy_keys(data: dict, *, has_slurm: bool) -> None:
         if legacy:
             slurm = data.get("slurm") if isinstance(data.get("slurm"), dict) else {}
             data["slurm"] = {**legacy, **slurm}
+
+
+def _serve_lora(data: dict) -> None:
+    """A LoRA trainer publishes adapters: the server this run starts must accept them."""
+    trainer, inference = data.get("trainer"), data.get("inference", {})
+    model = trainer.get("model") if isinstance(trainer, dict) else None
+    lora = model.get("lora") if isinstance(model, dict) else None
+    if lora is None or lora is False or inference is None or inference is False:
+        return
+    inference = {} if inference is True else inference
+    if isinstance(inference, dict) and inference.get("lora") is None:
+        rank = lora.get("rank", 16) if isinstance(lora, dict) else 16
+        inference["lora"] = {"max_rank": rank}
+        data["inference"] = inference
 
 
 def _point_client_at_server(data: dict) -> None:

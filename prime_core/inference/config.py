@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from prime_core.config.base import Section, Selects
+from prime_core.config.base import Section, Selects, Toggle
 from prime_core.config.shared import LogConfig, ModelRef
 from prime_core.launch.config import InferenceDeployment, InferenceSingleNodeDeployment, infer_deployment_type
 
@@ -31,6 +31,15 @@ class InferenceModelConfig(ModelRef):
     enforce_eager: bool = False
 
 
+class InferenceLoRAConfig(Section):
+    """Serve LoRA adapters (set for you when ``trainer.model.lora`` is on in an RL run)."""
+
+    max_rank: int = Field(default=16, ge=1)
+    """Largest adapter rank served (rounded up to a rank the backend supports)."""
+    max_loras: int = Field(default=1, ge=1)
+    """Adapters in one batch."""
+
+
 class InferenceConfig(Section):
     """The inference role: an OpenAI-compatible server with weight-update endpoints."""
 
@@ -40,6 +49,7 @@ class InferenceConfig(Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     parallel: InferenceParallelConfig = Field(default_factory=InferenceParallelConfig)
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    lora: Toggle[InferenceLoRAConfig] = None
     deployment: Annotated[InferenceDeployment, infer_deployment_type] = Field(
         default_factory=InferenceSingleNodeDeployment
     )

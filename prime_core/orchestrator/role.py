@@ -25,7 +25,7 @@ from prime_core.metrics import METRICS_FILE, MetricsLogger, drop_steps_from
 from prime_core.orchestrator.batch import TrainingSample, pack, remove_batches_from, write_batch
 from prime_core.plugins import get_plugin_manager
 from prime_core.trainer import ckpt
-from prime_core.weights import remove_after
+from prime_core.weights import is_adapter, remove_after
 
 SHOW = ("reward", "off_policy_max", "dropped", "weights_version", "sample_tokens_per_s")
 
@@ -75,6 +75,8 @@ class Orchestrator:
         self.advantages = manager.select("algorithms", f"advantage:{config.advantage.type}",
                                          key="orchestrator.advantage.type", shown=config.advantage.type).fn
         self.version = 0
+        self.served_model = config.model.name  # the base model, or the newest LoRA adapter
+        self.adapters: list[str] = []
         self.probe: float | None = None
         self.dropped_total = 0
         self._next_env = 0
@@ -98,8 +100,21 @@ class Orchestrator:
         if latest is None or latest[0] <= self.version or latest[0] < minimum:
             return
         step, path = latest
-        for admin in self.admins:
-            await asyncio.to_thread(admin.update_weights, path)
+        if is_adapter(path):
+            # LoRA: each version is a new adapter name; requests switch to it, and the adapter
+            # before the previous one is unloaded (the previous may still finish requests).
+            name = f"{self.config.model.name}-lora-step-{step}"
+            for admin in self.admins:
+                await asyncio.to_thread(admin.load_adapter, name, path)
+            self.adapters.append(name)
+            self.served_model = name
+            while len(self.adapters) > 2:
+                old = self.adapters.pop(0)
+                for admin in self.admins:
+                    await asyncio.to_thread(admin.unload_adapter, old)
+        else:
+            for admin in self.admins:
+                await asyncio.to_thread(admin.update_weights, path)
         self.version = step
         self.probe = await self.probe_logprob()
         print(f"loaded policy v{step} into inference (probe logprob {self.probe:.4f})", flush=True)
@@ -115,7 +130,7 @@ class Orchestrator:
 
     def _request(self, prompt_ids: list[int], *, n: int, temperature: float, max_tokens: int) -> dict:
         sampling = self.config.sampling
-        body = {"model": self.config.model.name, "prompt": prompt_ids, "n": n, "max_tokens": max_tokens,
+        body = {"model": self.served_model, "prompt": prompt_ids, "n": n, "max_tokens": max_tokens,
                 "temperature": temperature, "top_p": sampling.top_p, "logprobs": 0, "return_token_ids": True}
         if sampling.seed is not None:
             body["seed"] = sampling.seed

@@ -21,6 +21,7 @@ from prime_core.trainer.build import full_state_dict, start_training
 from prime_core.trainer.fake import fake_samples
 from prime_core.trainer.optim import build_scheduler, clip_and_step
 from prime_core.trainer.step import forward_backward, share
+from prime_core.weights import Adapter
 
 
 def chat_sample(tokenizer, messages: list[dict]) -> TrainingSample:
@@ -146,7 +147,10 @@ def run(config) -> int:
         state = full_state_dict(policy, world)
         if world.main:
             final = Path(config.output_dir) / "model"
-            policy.model.save_pretrained(final, state_dict=state, safe_serialization=True)
+            if isinstance(state, Adapter):  # LoRA: the adapter alone (PEFT layout)
+                state.save(final)
+            else:
+                policy.model.save_pretrained(final, state_dict=state, safe_serialization=True)
             tokenizer.save_pretrained(final)
             print(f"sft: final model written to {final}", flush=True)
     if metrics:

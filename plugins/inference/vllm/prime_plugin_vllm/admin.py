@@ -64,6 +64,12 @@ class VLLMAdmin:
             response = self._client.post(path, **kwargs)
         except httpx.HTTPError as exc:
             raise PrimeError(f"{what} failed: no answer from the vLLM server at {self.root}: {exc}") from None
+        if response.status_code == 404 and "lora_adapter" in path:
+            raise PrimeError(
+                f"{what} failed: {self.root}{path} does not exist (HTTP 404)",
+                hint="the server must run with LoRA enabled and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True "
+                     "(prime's vllm backend does both when inference.lora is set)",
+            )
         if response.status_code == 404:
             raise PrimeError(
                 f"{what} failed: {self.root}{path} does not exist (HTTP 404)",
@@ -121,6 +127,15 @@ class VLLMAdmin:
         if not self.reset_prefix_cache():
             log.warning("vLLM at %s kept its prefix cache after the weight update: requests still "
                         "running hold KV blocks; their prefixes may be reused once", self.root)
+
+    def load_adapter(self, name: str, path: str | Path) -> None:
+        """Serve the LoRA adapter folder ``path`` under the model name ``name`` (a new name per
+        version: vLLM's in-place reload re-reads the files on every engine step)."""
+        self._post("/v1/load_lora_adapter", f"load_adapter({name}, {path})",
+                   json={"lora_name": name, "lora_path": str(path)})
+
+    def unload_adapter(self, name: str) -> None:
+        self._post("/v1/unload_lora_adapter", f"unload_adapter({name})", json={"lora_name": name})
 
     def reset_prefix_cache(self, *, attempts: int = 20, delay: float = 0.1) -> bool:
         """Drop the server's prefix cache; ``False`` when running requests kept it busy throughout

@@ -55,6 +55,18 @@ def vllm_on_cpu() -> bool:
     return not torch.cuda.is_available()
 
 
+# `--max-lora-rank` accepts only these values.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_rank(rank: int) -> int:
+    """The smallest rank vLLM accepts that fits adapters of ``rank``."""
+    for allowed in LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} is above the largest rank vLLM serves ({LORA_RANKS[-1]})")
+
+
 def option_argv(options: dict[str, Any]) -> list[str]:
     """``{"max_num_seqs": 4, "enforce_eager": True}`` -> ``["--max-num-seqs", "4", "--enforce-eager"]``.
 
@@ -169,6 +181,8 @@ class VLLMServer:
             "VLLM_LOGGING_LEVEL": cfg.log.level.upper(),
             "PYTHONUNBUFFERED": "1",
         })
+        if cfg.lora is not None:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter and unload
         if Path(cfg.model.name).expanduser().exists():
             env["HF_HUB_OFFLINE"] = "1"  # a local checkpoint: never reach out to the Hub
         if self.on_cpu:
@@ -203,6 +217,10 @@ class VLLMServer:
             "logprobs_mode": "processed_logprobs",
             "worker_extension_cls": WORKER_EXTENSION,
         }
+        if cfg.lora is not None:
+            options.update(enable_lora=True, max_lora_rank=lora_rank(cfg.lora.max_rank), max_loras=cfg.lora.max_loras,
+                           # the adapter being replaced stays loadable while requests finish on it
+                           max_cpu_loras=cfg.lora.max_loras + 2)
         args = {key.replace("-", "_"): value for key, value in cfg.args.items()}
         if (self.on_cpu and not any(k in args for k in KV_CACHE_ARGS)
                 and not self.env().get("VLLM_CPU_KVCACHE_SPACE")):

@@ -130,7 +130,8 @@ def role(tiny, sandbox):
     port = free_port()
     command = [sys.executable, "-m", "prime_core", "inference", "--model.name", str(tiny),
                "--model.dtype", "float32", "--model.enforce-eager", "--model.max-model-len", "256",
-               "--server.port", str(port), "--output-dir", str(out), "--startup-timeout", str(STARTUP_TIMEOUT)]
+               "--server.port", str(port), "--output-dir", str(out), "--startup-timeout", str(STARTUP_TIMEOUT),
+               "--lora.max-rank", "4"]  # LoRA on: the adapter test below uses the same server
     role = Role(command, dict(os.environ))
     role.port, role.out, role.base_url = port, out, f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + STARTUP_TIMEOUT + 30
@@ -253,6 +254,53 @@ def test_live_weight_update_changes_and_restores_outputs(client, admin, tiny, tm
     assert tokens2 == tokens0
     assert max(abs(a - b) for a, b in zip(logprobs2, logprobs0)) < 1e-4
     assert took < 30
+
+
+def trained_adapter(tiny: Path, out: Path, seed: int):
+    """Our trainer's LoRA model after a few SGD steps, and its published adapter folder."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from prime_core.distributed import World
+    from prime_core.trainer.config import TrainerModelConfig
+    from prime_plugin_lora.lora import apply
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    model, export = apply(model, config=TrainerModelConfig(name=str(tiny), lora={"rank": 4, "alpha": 8}))
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    ids = torch.tensor([PROMPT * 2])
+    for _ in range(3):
+        (-model(ids, labels=ids).loss).backward()  # push away from the data: visible changes
+        opt.step()
+        opt.zero_grad()
+    export(model, World()).save(out)
+    return model.eval()
+
+
+def test_lora_adapters_are_served_like_the_trained_model(client, admin, tiny, tmp_path):
+    import httpx
+    import torch
+
+    tokens0, _ = greedy(client, tiny)
+    for version in (1, 2):
+        model = trained_adapter(tiny, tmp_path / f"v{version}", seed=version)
+        name = f"policy-lora-step-{version}"
+        admin.load_adapter(name, tmp_path / f"v{version}")
+        tokens, logprobs = greedy(client, name)
+        with torch.no_grad():
+            logits = model(torch.tensor([PROMPT + tokens])).logits[0, len(PROMPT) - 1:-1]
+        reference = logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+        assert max(abs(a - b) for a, b in zip(logprobs, reference, strict=True)) < 1e-3, (logprobs, reference)
+        assert tokens != tokens0 or logprobs != greedy(client, tiny)[1]
+    admin.unload_adapter("policy-lora-step-1")
+    response = client.post("/completions", json={"model": "policy-lora-step-1", "prompt": PROMPT, "max_tokens": 1})
+    assert response.status_code == 404
+    assert greedy(client, "policy-lora-step-2")[0] == tokens  # the newer one is still served
+    assert greedy(client, tiny)[0] == tokens0  # and the base model is untouched
+    with pytest.raises(PrimeError, match="load_adapter"):
+        admin.load_adapter("broken", tmp_path / "missing")
+    assert isinstance(client, httpx.Client) and admin.health()
 
 
 def test_failed_updates_keep_the_server_and_its_weights(client, admin, tiny, tmp_path):

@@ -1,0 +1,1 @@
+"""prime-plugin-lora: LoRA adapters for the trainer."""
