@@ -155,6 +155,39 @@ def test_exclusive_offloads_are_refused():
         load_rl("--trainer.model.fsdp-cpu-offload", "--trainer.model.optim-cpu-offload")
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--trainer.model.impl", "hf", "--trainer.model.ep", "2"], "ep = 2 needs impl = 'custom'"),
+    (["--trainer.model.impl", "hf", "--trainer.model.cp", "2", "--trainer.model.attn", "flash_attention_2"],
+     "cp = 2 needs impl = 'custom'"),
+    (["--trainer.model.impl", "custom", "--trainer.model.cp", "2", "--trainer.model.attn", "sdpa"],
+     "cp_style = 'ring' needs flash attention"),
+    (["--trainer.model.ac.mode", "selective", "--trainer.model.ac.targets", '["norms"]'], "targets"),
+])
+def test_combinations_the_docs_rule_out_are_refused(args, message):
+    with pytest.raises(ConfigError, match=message):
+        load_rl(*args)
+
+
+def test_sft_refuses_an_integer_lm_head_chunk():
+    with pytest.raises(ConfigError, match="RL-only"):
+        load_rl("--model.fused-lm-head-token-chunk-size", "1024", root="sft")
+    assert load_rl("--model.fused-lm-head-token-chunk-size", "auto", root="sft")
+
+
+def test_lora_trainer_turns_on_lora_serving():
+    config = load_rl("--trainer.model.lora.rank", "8")
+    assert config.inference.lora.max_rank == 8
+    assert load_rl().inference.lora is None
+    assert load_rl("--trainer.model.lora.rank", "8", "--inference.lora.max-rank", "32").inference.lora.max_rank == 32
+
+
+def test_bench_goes_to_the_trainer():
+    config = load_rl("--bench.output-json", "b.json")
+    assert str(config.trainer.bench.output_json) == "b.json" and config.trainer.bench.steps == 3
+    assert load_rl("--bench").trainer.bench.warmup_steps == 2
+    assert load_rl("--data.fake.length", "variable", "--bench", root="trainer").data.fake.length == "variable"
+
+
 def test_batch_must_hold_whole_groups():
     with pytest.raises(ConfigError, match="multiple of rollouts_per_example"):
         load_rl("--orchestrator.batch-size", "10", "--orchestrator.rollouts-per-example", "4")

@@ -74,7 +74,10 @@ def rl_args(model: Path, out: Path, *extra: str) -> list[str]:
 def test_reward_rises_policy_lag_is_bounded_and_weights_reach_inference(warm_model, tmp_path):
     out = tmp_path / "rl"
     steps = 50
-    prime(*rl_args(warm_model, out, "--max-steps", str(steps)))
+    # Two trainer processes (gloo): the multi-process trainer learns like one.
+    prime(*rl_args(warm_model, out, "--max-steps", str(steps), "--deployment.num-train-gpus", "2"))
+    assert {p.name for p in (out / "logs" / "trainer").iterdir()} == {"rank_0.log", "rank_1.log"}
+    assert "on 2 × cpu, strategies fsdp" in (out / "logs" / "trainer.log").read_text()
     trainer, orchestrator = records(out, "trainer"), records(out, "orchestrator")
     assert [r["step"] for r in trainer] == list(range(1, steps + 1))
     assert [r["step"] for r in orchestrator] == list(range(1, steps + 1))

@@ -48,5 +48,13 @@ class SFTConfig(Section):
     wandb: WandbSection = None
     log: LogConfig = Field(default_factory=LogConfig)
     dry_run: bool = False
+
     bench: Toggle[BenchConfig] = None
     """``--bench``: time a few steps on fake data and print step time, tokens/s, MFU and memory."""
+
+    @model_validator(mode="after")
+    def _rl_only_keys(self) -> SFTConfig:
+        if isinstance(self.model.fused_lm_head_token_chunk_size, int):
+            raise ValueError(f"model.fused_lm_head_token_chunk_size = {self.model.fused_lm_head_token_chunk_size}: "
+                             "the chunked LM head is RL-only; SFT accepts 'auto' or 'disabled'")
+        return self

@@ -92,12 +92,24 @@ class TrainerModelConfig(ModelRef):
     quantization: Annotated[Literal["fp8"] | None, Requires("kernels", "fp8_linear:*")] = None
 
     @model_validator(mode="after")
-    def _exclusive_offloads(self) -> TrainerModelConfig:
+    def _incompatible(self) -> TrainerModelConfig:
+        # The combinations prime-rl's docs rule out, refused before anything starts.
+        problems = []
         if self.fsdp_cpu_offload and self.optim_cpu_offload:
-            raise ValueError(
-                "fsdp_cpu_offload and optim_cpu_offload are mutually exclusive: fsdp_cpu_offload "
-                "already keeps optimizer state on CPU; set only one"
-            )
+            problems.append("fsdp_cpu_offload and optim_cpu_offload are mutually exclusive: fsdp_cpu_offload "
+                            "already keeps optimizer state on CPU; set only one")
+        for key, degree in (("ep", self.ep), ("cp", self.cp)):
+            if degree > 1 and self.impl == "hf":
+                problems.append(f"{key} = {degree} needs impl = 'custom' (or 'auto' for a supported family): "
+                                "the Hugging Face implementation has no expert/context parallel layers")
+        # Only an explicit non-flash kernel: the seeds' recipes leave attn to the CP plugin's choice.
+        if (self.cp > 1 and self.cp_style == "ring" and "attn" in self.model_fields_set
+                and not self.attn.startswith("flash_attention")):
+            problems.append(f"cp = {self.cp} with cp_style = 'ring' needs flash attention (attn = "
+                            f"'flash_attention_2' or '_3'), not attn = '{self.attn}'; use cp_style = 'ulysses' "
+                            "for other kernels")
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 

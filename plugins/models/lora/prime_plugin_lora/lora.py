@@ -91,3 +91,37 @@ def adapter_state(model, world, adapter_config: dict):
     tensors = {PREFIX + name: value.contiguous() for name, value in clean_names(state).items()
                if ".lora_A." in name or ".lora_B." in name}
     return Adapter(tensors=tensors, config=adapter_config)
+
+
+def merge(base: str, adapter: str, out: str) -> str:
+    """Write ``base`` with ``adapter`` folded in (``W + alpha/r · B·A``) as a full Hugging Face
+    model (tokenizer included when the base has one)."""
+    import json
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    config = json.loads((Path(adapter) / "adapter_config.json").read_text())
+    scale = config["lora_alpha"] / config["r"]
+    tensors = load_file(str(Path(adapter) / "adapter_model.safetensors"))
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    modules = dict(model.named_modules())
+    for key, a in tensors.items():
+        if ".lora_A." not in key:
+            continue
+        path = key.removeprefix(PREFIX).replace(".lora_A.weight", "")
+        b = tensors[key.replace(".lora_A.", ".lora_B.")]
+        if path not in modules:
+            raise ValueError(f"{adapter}: {path} is not a module of {base}")
+        with torch.no_grad():
+            modules[path].weight += scale * (b.float() @ a.float())
+    model.save_pretrained(out, safe_serialization=True)
+    try:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(base).save_pretrained(out)
+    except (OSError, ValueError):
+        pass  # a base without a tokenizer
+    return out

@@ -2,10 +2,33 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import typer
+
 from prime_core import hookimpl
-from prime_core.specs import ParallelStrategy
+from prime_core.specs import CliCommand, ParallelStrategy
 
 PRIME_PLUGIN_API = 1
+
+lora_cli = typer.Typer(help="Work with LoRA adapters.", no_args_is_help=True)
+
+
+@lora_cli.command("merge")
+def merge_command(
+    base: Path = typer.Argument(..., help="The base model folder."),
+    adapter: Path = typer.Argument(..., help="An adapter folder (e.g. output_dir/weights/step_N)."),
+    out: Path = typer.Argument(..., help="Where to write the merged model."),
+) -> None:
+    """Fold an adapter into its base model and save a full Hugging Face model."""
+    from prime_plugin_lora.lora import merge
+
+    typer.echo(f"wrote {merge(str(base), str(adapter), str(out))}")
+
+
+@hookimpl
+def prime_cli_commands():
+    return [CliCommand(name="lora", app=lora_cli, description="Work with LoRA adapters.")]
 
 
 def _apply(model, **kwargs):

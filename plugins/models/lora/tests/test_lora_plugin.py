@@ -8,6 +8,8 @@ from prime_core.parity import compare, run
 
 import prime_plugin_lora.plugin as plugin
 
+pytest_plugins = ["prime_core.testing"]
+
 CASES = [{"name": "lora", "model": {"lora": {"rank": 4, "alpha": 8}}},
          {"name": "lora_ac", "model": {"lora": {"rank": 8, "target_modules": ["q_proj", "v_proj"]},
                                        "ac": {"freq": 1}}}]
@@ -83,3 +85,26 @@ def test_fsdp_lora_matches_a_single_process(tmp_path):
         assert got["applied"][0] == "lora" and "fsdp" in got["applied"]
         assert all(".lora_" in key for key in got["state"])
         assert any(".lora_B." in k and v.abs().max() > 0 for k, v in got["state"].items())  # it trained
+
+
+def test_merged_adapter_gives_the_trained_models_outputs(tmp_path, prime_cli):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from prime_core.distributed import World
+    from prime_core.trainer.config import TrainerModelConfig
+    from prime_plugin_lora.lora import apply
+
+    _model().save_pretrained(tmp_path / "base")
+    model, export = apply(_model(), config=TrainerModelConfig(name="m", lora={"rank": 4, "alpha": 8}))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0, 0.2)
+    export(model, World()).save(tmp_path / "adapter")
+    result = prime_cli("lora", "merge", str(tmp_path / "base"), str(tmp_path / "adapter"), str(tmp_path / "merged"))
+    assert result.exit_code == 0, result.output
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        assert torch.allclose(merged(ids).logits, model(ids).logits, atol=1e-5)

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""prime's trainer on a Qwen3-1.7B-shaped model (random weights, vocabulary 151,936): tokens/s,
+MFU and peak memory per memory knob and sequence length, beside the plain Hugging Face step
+(``hf_baseline.py``) measured in the same job.
+
+    python3 benchmarks/trainer_memory.py knobs   --seq-lens 4096 8192 16384 32768 --out $OUT
+    python3 benchmarks/trainer_memory.py longest --seq-lens 32768 49152 65536 81920 --out $OUT
+    torchrun --nproc-per-node 2 benchmarks/trainer_memory.py scaling --seq-len 8192 --out $OUT
+    python3 benchmarks/trainer_memory.py table --out $OUT
+
+Each knob runs in its own process (a clean allocator), through the same code as
+``prime trainer --bench``: the core's build order, FSDP2 on one GPU (bf16 compute, fp32 master
+weights, fp32 AdamW state), the RL loss on fake fixed-length samples (one sample per step, one
+step = ``warmup`` + ``steps`` optimizer steps), MFU and peak memory from ``prime_core.bench``.
+Results are JSON lines in ``OUT/results.jsonl``; ``table`` prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+QWEN3_1_7B = dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                  head_dim=128, intermediate_size=6144, vocab_size=151936, tie_word_embeddings=True,
+                  rope_theta=1_000_000.0, max_position_embeddings=131072, rms_norm_eps=1e-6)
+
+KNOBS = {
+    "default": {},
+    "ac": {"ac": {"freq": 1}},
+    "ac_selective": {"ac": {"mode": "selective", "targets": ["norm", "attn_proj"]}},
+    "ac_offloading": {"ac": {"freq": 1}, "ac_offloading": {"max_inflight_activations": 5}},
+    "optim_cpu_offload": {"optim_cpu_offload": True},
+    "fsdp_cpu_offload": {"fsdp_cpu_offload": True},
+}
+ALL_KNOBS = {"ac": {"freq": 1}, "ac_offloading": {"max_inflight_activations": 1}, "optim_cpu_offload": True}
+
+
+def make_model(folder: Path) -> Path:
+    """A random-weight Qwen3-1.7B-shaped checkpoint (bf16 safetensors), written once."""
+    if (folder / "config.json").exists():
+        return folder
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(**QWEN3_1_7B)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(folder, safe_serialization=True)
+    del model
+    return folder
+
+
+def worker(args) -> int:
+    """One knob in this process (or this torchrun job), every sequence length in turn."""
+    import random
+
+    import torch
+
+    from prime_core import distributed
+    from prime_core.bench import BenchConfig, BenchMeter
+    from prime_core.plugins import get_plugin_manager
+    from prime_core.trainer.build import start_training
+    from prime_core.trainer.config import TrainerConfig
+    from prime_core.trainer.fake import FakeDataConfig, fake_batch
+    from prime_core.trainer.role import train_one_step
+
+    knob = ALL_KNOBS if args.knob == "all" else KNOBS[args.knob]
+    config = TrainerConfig(model={"name": str(args.model_dir), "impl": "hf", "dtype": "bfloat16", **knob},
+                           optim={"lr": 1e-6}, output_dir=args.out / "run", seq_len=max(args.seq_lens))
+    manager = get_plugin_manager()
+    loss_fn = manager.select("algorithms", "loss:default").fn
+    started = time.perf_counter()
+    training = start_training(config, "trainer", max_steps=None, seed=0, manager=manager)
+    world = training.world
+    build_s = time.perf_counter() - started
+    per_rank = args.samples_per_rank
+    for seq_len in args.seq_lens:
+        bench = BenchConfig(warmup_steps=args.warmup, steps=args.steps)
+        meter = BenchMeter(bench, world=world, model=training.policy.model, hf_config=training.policy.hf_config,
+                           dtype="bfloat16", label={"config": args.knob, "seq_len": seq_len})
+        fake = FakeDataConfig(batch_size=per_rank * world.size, length="fixed")
+        rng = random.Random(0)
+        record = {"kind": args.kind, "config": args.knob, "seq_len": seq_len, "build_s": build_s}
+        try:
+            for step in range(1, meter.total_steps + 1):
+                batch = fake_batch(fake, seq_len, training.policy.hf_config.vocab_size, rng)
+                t0 = meter.start_step(step)
+                sums = train_one_step(training, batch, loss_fn, {}, 1.0)
+                meter.end_step(step, t0, sums["rows"])
+            record.update(meter.result())
+        except torch.OutOfMemoryError:
+            record.update({"oom": True, "devices": world.size})
+            training.optimizer.zero_grad(set_to_none=True)
+        if world.main:
+            with open(args.out / "results.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+            shown = "OOM" if record.get("oom") else (f"{record['tokens_per_s']:,.0f} tok/s, MFU "
+                                                    f"{100 * record['mfu']:.1f} %, peak {record['peak_memory_gib']:.1f} GiB")
+            print(f"{args.kind} {args.knob} seq {seq_len}: {shown}", flush=True)
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+        if record.get("oom") and args.stop_at_oom:
+            break
+    distributed.shutdown()
+    return 0
+
+
+def spawn(args, knob: str, seq_lens: list[int], kind: str, extra: list[str] = ()) -> None:
+    command = [sys.executable, __file__, "worker", *(["--tiny"] if args.tiny else []), "--knob", knob, "--kind", kind, "--out", str(args.out),
+               "--model-dir", str(args.model_dir), "--warmup", str(args.warmup), "--steps", str(args.steps),
+               "--seq-lens", *map(str, seq_lens), *extra]
+    with open(args.out / f"{kind}-{knob}.log", "w") as log:
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    print(f"{kind} {knob}: exit {code} ({args.out / f'{kind}-{knob}.log'})", flush=True)
+    if code:
+        print((args.out / f"{kind}-{knob}.log").read_text()[-3000:], flush=True)
+
+
+def table(out: Path) -> None:
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    hf = {}
+    if (out / "hf.json").exists():
+        data = json.loads((out / "hf.json").read_text())
+        for r in data.get("results", data if isinstance(data, list) else []):
+            hf[r.get("seq_len")] = r
+    print(f"{'run':<34}{'seq':>7}{'tok/s':>10}{'MFU':>8}{'peak GiB':>10}{'% dev':>7}")
+    for seq in sorted({r["seq_len"] for r in rows} | set(hf)):
+        h = hf.get(seq)
+        if h:
+            tps = h.get("tokens_per_s")
+            label = "hf baseline" + (" (grad ckpt)" if h.get("grad_checkpointing") else "")
+            if h.get("status") != "ok" or tps is None:
+                print(f"{label:<34}{seq:>7}{'OOM':>10}")
+            else:
+                print(f"{label:<34}{seq:>7}{tps:>10,.0f}{100 * (h.get('mfu') or 0):>7.1f}%"
+                      f"{h.get('peak_mem_gib', 0):>10.1f}{h.get('peak_mem_pct', 0):>6.0f}%")
+        for r in rows:
+            if r["seq_len"] != seq:
+                continue
+            label = f"{r['kind']}: {r['config']}" + (f" ×{r.get('devices', 1)}" if r.get("devices", 1) > 1 else "")
+            if r.get("oom"):
+                print(f"{label:<34}{seq:>7}{'OOM':>10}")
+            else:
+                print(f"{label:<34}{seq:>7}{r['tokens_per_s']:>10,.0f}{100 * r['mfu']:>7.1f}%"
+                      f"{r['peak_memory_gib']:>10.1f}{r['peak_memory_pct']:>6.0f}%")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=("model", "knobs", "longest", "scaling", "worker", "table"))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model-dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "qwen3-1.7b-random")
+    parser.add_argument("--knobs", nargs="+", default=list(KNOBS))
+    parser.add_argument("--knob", default="default")
+    parser.add_argument("--kind", default="knobs")
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[4096, 8192, 16384, 32768])
+    parser.add_argument("--seq-len", type=int, default=8192)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--samples-per-rank", type=int, default=1)
+    parser.add_argument("--stop-at-oom", action="store_true")
+    parser.add_argument("--tiny", action="store_true", help="a small model: smoke test on a CPU")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.tiny:
+        QWEN3_1_7B.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                          head_dim=32, intermediate_size=128, vocab_size=512)
+        args.model_dir = args.model_dir.with_name(args.model_dir.name + "-tiny")
+    if args.mode == "table":
+        table(args.out)
+        return 0
+    if args.mode == "worker":
+        return worker(args)
+    if args.mode == "scaling":  # already under torchrun: this process is one rank
+        args.knob, args.kind, args.seq_lens = "default", f"scaling×{os.environ.get('WORLD_SIZE', 1)}", [args.seq_len]
+        return worker(args)
+    make_model(args.model_dir)
+    if args.mode == "model":
+        return 0
+    if args.mode == "knobs":
+        for knob in args.knobs:
+            spawn(args, knob, args.seq_lens, "knobs")
+    else:
+        spawn(args, "all", args.seq_lens, "longest", ["--stop-at-oom"])
+    table(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
