@@ -6,6 +6,9 @@ MFU and peak memory per memory knob and sequence length, beside the plain Huggin
     python3 benchmarks/trainer_memory.py knobs   --seq-lens 4096 8192 16384 32768 --out $OUT
     python3 benchmarks/trainer_memory.py longest --seq-lens 32768 49152 65536 81920 --out $OUT
     torchrun --nproc-per-node 2 benchmarks/trainer_memory.py scaling --seq-len 8192 --out $OUT
+    python3 benchmarks/trainer_memory.py knobs --kind rl16 --samples-per-rank 16 --seq-lens 8192 \
+        --knobs default optim_cpu_offload --out $OUT     # an RL-sized step: 16 samples
+    python3 benchmarks/trainer_memory.py profile --seq-len 4096 --out $OUT   # where a step's time goes
     python3 benchmarks/trainer_memory.py table --out $OUT
 
 Each knob runs in its own process (a clean allocator), through the same code as
@@ -36,6 +39,7 @@ KNOBS = {
     "ac_offloading": {"ac": {"freq": 1}, "ac_offloading": {"max_inflight_activations": 5}},
     "optim_cpu_offload": {"optim_cpu_offload": True},
     "fsdp_cpu_offload": {"fsdp_cpu_offload": True},
+    "compile": {"compile": {}},
 }
 ALL_KNOBS = {"ac": {"freq": 1}, "ac_offloading": {"max_inflight_activations": 1}, "optim_cpu_offload": True}
 
@@ -113,10 +117,73 @@ def worker(args) -> int:
     return 0
 
 
+def profile(args) -> int:
+    """Where one default step's time goes at ``--seq-len``: forward+backward, clipping and the
+    optimizer timed apart, then the profiler's top operators."""
+    import random
+
+    import torch
+
+    from prime_core import distributed
+    from prime_core.bench import synchronize
+    from prime_core.plugins import get_plugin_manager
+    from prime_core.trainer.build import start_training
+    from prime_core.trainer.config import TrainerConfig
+    from prime_core.trainer.fake import FakeDataConfig, fake_batch
+    from prime_core.trainer.step import forward_backward
+
+    knob = ALL_KNOBS if args.knob == "all" else KNOBS[args.knob]
+    config = TrainerConfig(model={"name": str(args.model_dir), "impl": "hf", "dtype": "bfloat16", **knob},
+                           optim={"lr": 1e-6}, output_dir=args.out / "run", seq_len=args.seq_len)
+    manager = get_plugin_manager()
+    loss_fn = manager.select("algorithms", "loss:default").fn
+    training = start_training(config, "trainer", max_steps=None, seed=0, manager=manager)
+    model, world = training.policy.model, training.world
+    rng = random.Random(0)
+    fake = FakeDataConfig(batch_size=1)
+
+    def step(times=None):
+        rows = fake_batch(fake, args.seq_len, training.policy.hf_config.vocab_size, rng)["micro_batches"]
+        marks = [time.perf_counter()]
+        forward_backward(model, rows, total_loss_tokens=sum(sum(r["loss_mask"]) for r in rows), world=world,
+                         loss_fn=loss_fn)
+        synchronize(world.device)
+        marks.append(time.perf_counter())
+        params = [p for p in model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        synchronize(world.device)
+        marks.append(time.perf_counter())
+        training.optimizer.step()
+        training.optimizer.zero_grad(set_to_none=True)
+        synchronize(world.device)
+        marks.append(time.perf_counter())
+        if times is not None:
+            times.append([b - a for a, b in zip(marks, marks[1:])])
+
+    for _ in range(2):
+        step()
+    times: list = []
+    for _ in range(3):
+        step(times)
+    for name, column in zip(("forward+backward", "clip", "optimizer"), zip(*times)):
+        print(f"profile {args.knob} seq {args.seq_len}: {name} {1000 * sum(column) / len(column):.1f} ms", flush=True)
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+    averages = prof.key_averages()
+    print(averages.table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
+    print(averages.table(sort_by="self_cuda_time_total", row_limit=20), flush=True)
+    distributed.shutdown()
+    return 0
+
+
 def spawn(args, knob: str, seq_lens: list[int], kind: str, extra: list[str] = ()) -> None:
     command = [sys.executable, __file__, "worker", *(["--tiny"] if args.tiny else []), "--knob", knob, "--kind", kind, "--out", str(args.out),
                "--model-dir", str(args.model_dir), "--warmup", str(args.warmup), "--steps", str(args.steps),
-               "--seq-lens", *map(str, seq_lens), *extra]
+               "--samples-per-rank", str(args.samples_per_rank), "--seq-lens", *map(str, seq_lens), *extra]
     with open(args.out / f"{kind}-{knob}.log", "w") as log:
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
     print(f"{kind} {knob}: exit {code} ({args.out / f'{kind}-{knob}.log'})", flush=True)
@@ -125,7 +192,8 @@ def spawn(args, knob: str, seq_lens: list[int], kind: str, extra: list[str] = ()
 
 
 def table(out: Path) -> None:
-    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    results = out / "results.jsonl"
+    rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()] if results.exists() else []
     hf = {}
     if (out / "hf.json").exists():
         data = json.loads((out / "hf.json").read_text())
@@ -155,7 +223,7 @@ def table(out: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("model", "knobs", "longest", "scaling", "worker", "table"))
+    parser.add_argument("mode", choices=("model", "knobs", "longest", "scaling", "worker", "table", "profile"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model-dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "qwen3-1.7b-random")
     parser.add_argument("--knobs", nargs="+", default=list(KNOBS))
@@ -173,12 +241,16 @@ def main() -> int:
     if args.tiny:
         QWEN3_1_7B.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                           head_dim=32, intermediate_size=128, vocab_size=512)
-        args.model_dir = args.model_dir.with_name(args.model_dir.name + "-tiny")
+        if args.mode != "worker":  # workers get the final folder
+            args.model_dir = args.model_dir.with_name(args.model_dir.name + "-tiny")
     if args.mode == "table":
         table(args.out)
         return 0
     if args.mode == "worker":
         return worker(args)
+    if args.mode == "profile":
+        make_model(args.model_dir)
+        return profile(args)
     if args.mode == "scaling":  # already under torchrun: this process is one rank
         args.knob, args.kind, args.seq_lens = "default", f"scaling×{os.environ.get('WORLD_SIZE', 1)}", [args.seq_len]
         return worker(args)
@@ -187,7 +259,7 @@ def main() -> int:
         return 0
     if args.mode == "knobs":
         for knob in args.knobs:
-            spawn(args, knob, args.seq_lens, "knobs")
+            spawn(args, knob, args.seq_lens, args.kind)
     else:
         spawn(args, "all", args.seq_lens, "longest", ["--stop-at-oom"])
     table(args.out)

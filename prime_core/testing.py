@@ -119,3 +119,17 @@ def prime_cli(monkeypatch) -> Callable:
         return CliRunner().invoke(command, list(args), env=env, prog_name="prime")
 
     return invoke
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked ``gpu`` skip, with the reason, where no CUDA device is visible."""
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none visible here)")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)

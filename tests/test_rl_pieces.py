@@ -162,3 +162,28 @@ def test_metrics_resume_moves_redone_steps_aside(tmp_path):
     assert ("trainer", 3) not in steps and ("orchestrator", 4) in steps and ("trainer", 2) in steps
     moved = [json.loads(line) for line in (tmp_path / "metrics.superseded.jsonl").read_text().splitlines()]
     assert [r["step"] for r in moved] == [3, 4]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_token_logprobs_match_log_softmax(temperature, monkeypatch):
+    """Log-probabilities, entropies and gradients of the chunked function equal those of a
+    full float64 log-softmax (chunks of 64 rows here, so several chunks are exercised)."""
+    import torch
+
+    from prime_core.trainer import model as model_module
+
+    monkeypatch.setattr(model_module, "CHUNK_ELEMENTS", 64 * 4096)
+    torch.manual_seed(0)
+    logits = torch.randn(300, 4096, dtype=torch.float32, requires_grad=True)
+    targets = torch.randint(0, 4096, (300,))
+    weights = torch.randn(300)
+    logp, entropy = model_module.token_logprob_fn()(logits, targets, temperature, True)
+    (logp * weights).sum().backward()
+    leaf = logits.detach().double().requires_grad_()
+    x = leaf / temperature
+    reference = x.log_softmax(-1).gather(-1, targets[:, None])[:, 0]
+    (reference * weights.double()).sum().backward()
+    assert torch.allclose(logp.double(), reference, atol=1e-5)
+    assert torch.allclose(entropy.double(), -(x.softmax(-1) * x.log_softmax(-1)).sum(-1), atol=1e-4)
+    assert entropy.requires_grad is False
+    assert torch.allclose(logits.grad.double(), leaf.grad, atol=1e-6)

@@ -48,38 +48,90 @@ def block_causal_mask(position_ids):
     return (same & causal)[:, None]
 
 
-def token_logprobs(model, input_ids, position_ids, *, temperature: float = 1.0, with_entropy: bool = True,
-                   entropy_chunk: int = 4096):
+def token_logprobs(model, input_ids, position_ids, *, temperature: float = 1.0, with_entropy: bool = True):
     """Log-probability of every token given its prefix (position 0 gets 0) and the
-    entropy of each predictive distribution, at ``temperature``. Shapes ``[L]``.
+    entropy of each predictive distribution, at ``temperature``. Shapes ``[L]``, float32.
 
     A row holding one sample uses plain causal attention (the fast kernels); a packed row
-    gets the block-diagonal mask. Log-probabilities come from a log-sum-exp rather than a
-    full log-softmax, and the entropy is computed without gradients in chunks, so at most
-    two ``[L, vocab]`` float32 tensors are alive.
+    gets the block-diagonal mask. The log-softmax never exists in full: see ``TokenLogProb``.
     """
     import torch
 
     single = bool((position_ids[0, 1:] != 0).all())
     mask = None if single else block_causal_mask(position_ids)
-    logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
-                   use_cache=False).logits[0, :-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    targets = input_ids[0, 1:]
-    lse = torch.logsumexp(logits, dim=-1)
-    logp = logits.gather(-1, targets[:, None])[:, 0] - lse
+    logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=False).logits
+    logp, entropy = token_logprob_fn()(logits[0, :-1], input_ids[0, 1:], float(temperature), with_entropy)
     zero = logp.new_zeros(1)
-    logp = torch.cat([zero, logp])
-    if not with_entropy:
-        return logp, None
-    with torch.no_grad():
-        parts = []
-        for start in range(0, logits.shape[0], entropy_chunk):
-            chunk, chunk_lse = logits[start:start + entropy_chunk], lse[start:start + entropy_chunk]
-            parts.append(chunk_lse - (torch.softmax(chunk, dim=-1) * chunk).sum(-1))
-        entropy = torch.cat([zero, *parts]) if parts else zero
-    return logp, entropy
+    return torch.cat([zero, logp]), (torch.cat([zero, entropy]) if with_entropy else None)
+
+
+_FN = None
+CHUNK_ELEMENTS = 1 << 28
+"""Logit elements per chunk (1 GiB in float32)."""
+
+
+def token_logprob_fn():
+    """``TokenLogProb.apply``: ``(logits [N, V], targets [N], temperature, with_entropy) ->
+    (log p(target) [N], entropy [N])``, both float32, entropy without gradient.
+
+    It works through the logits a chunk of rows at a time in float32 and saves only the
+    logits (in the model's dtype) and one log-sum-exp per row; the backward pass recomputes
+    each chunk's softmax. Memory beyond the logits themselves is a few chunks, instead of
+    several ``[N, V]`` float32 tensors (tens of GiB for a 150k vocabulary at 32k tokens).
+    """
+    global _FN
+    if _FN is not None:
+        return _FN
+    import torch
+
+    def rows(logits) -> int:
+        return max(1, CHUNK_ELEMENTS // max(1, logits.shape[-1]))
+
+    class TokenLogProb(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, logits, targets, temperature, with_entropy):
+            n = logits.shape[0]
+            logp = torch.empty(n, dtype=torch.float32, device=logits.device)
+            lse = torch.empty_like(logp)
+            entropy = torch.empty_like(logp) if with_entropy else logp.new_empty(0)
+            step = rows(logits)
+            for start in range(0, n, step):
+                end = min(n, start + step)
+                x = logits[start:end].float()
+                if temperature != 1.0:
+                    x = x / temperature
+                chunk_lse = torch.logsumexp(x, dim=-1)
+                lse[start:end] = chunk_lse
+                logp[start:end] = x.gather(-1, targets[start:end, None])[:, 0] - chunk_lse
+                if with_entropy:
+                    entropy[start:end] = chunk_lse - (torch.softmax(x, dim=-1) * x).sum(-1)
+            ctx.save_for_backward(logits, targets, lse)
+            ctx.temperature = temperature
+            ctx.mark_non_differentiable(entropy)
+            return logp, entropy
+
+        @staticmethod
+        def backward(ctx, grad_logp, _grad_entropy):
+            logits, targets, lse = ctx.saved_tensors
+            temperature = ctx.temperature
+            grad = torch.empty_like(logits)
+            step = rows(logits)
+            for start in range(0, logits.shape[0], step):
+                end = min(logits.shape[0], start + step)
+                x = logits[start:end].float()
+                if temperature != 1.0:
+                    x = x / temperature
+                g = grad_logp[start:end, None].float()
+                # d logp / d x = onehot(target) - softmax(x), times 1/T through the scaling.
+                chunk = torch.exp(x - lse[start:end, None]).mul_(-g)
+                chunk.scatter_add_(-1, targets[start:end, None], g)
+                if temperature != 1.0:
+                    chunk.div_(temperature)
+                grad[start:end] = chunk
+            return grad, None, None, None
+
+    _FN = TokenLogProb.apply
+    return _FN
 
 
 def transformer_blocks(model):

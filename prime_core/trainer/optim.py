@@ -27,27 +27,52 @@ def install_state_offload(optimizer) -> None:
 
     RL steps spend most of their time in many forward/backward passes; the state (two fp32
     copies of the parameters for AdamW) is only needed for the update, so it stays off the
-    accelerator while activations are alive. Loading a checkpoint moves it back out too.
+    accelerator while activations are alive. On GPUs each state tensor has a persistent
+    pinned host buffer and both copies are asynchronous on the compute stream (stream order
+    keeps them safe without synchronising). Loading a checkpoint moves the state out too.
     """
     import torch
 
-    def move(device) -> None:
-        for state in optimizer.state.values():
+    pin = torch.cuda.is_available()
+    host: dict = {}
+
+    def local(t):
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    def like(reference, tensor):
+        if not hasattr(reference, "to_local"):
+            return tensor
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(tensor, reference.device_mesh, reference.placements, run_check=False,
+                                  shape=reference.shape, stride=reference.stride())
+
+    def states():
+        for param, state in optimizer.state.items():
             for key, value in state.items():
-                if torch.is_tensor(value) and key != "step":
-                    state[key] = value.to(device)
+                if torch.is_tensor(value) and key != "step":  # fused AdamW keeps `step` with the params
+                    yield param, state, key, value
 
-    def pre(opt, args, kwargs) -> None:
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        if params:
-            move(params[0].device)
+    def to_host(*_) -> None:
+        for param, state, key, value in list(states()):
+            source = local(value)
+            if source.device.type == "cpu":
+                continue
+            buffer = host.get((id(param), key))
+            if buffer is None or buffer.shape != source.shape:
+                buffer = host[(id(param), key)] = torch.empty(source.shape, dtype=source.dtype, pin_memory=pin)
+            buffer.copy_(source, non_blocking=pin)
+            state[key] = like(value, buffer)
 
-    def post(opt, args, kwargs) -> None:
-        move("cpu")
+    def to_device(*_) -> None:
+        for param, state, key, value in list(states()):
+            device = local(param).device
+            if local(value).device != device:
+                state[key] = like(value, local(value).to(device, non_blocking=pin))
 
-    optimizer.register_step_pre_hook(pre)
-    optimizer.register_step_post_hook(post)
-    optimizer.register_load_state_dict_post_hook(lambda opt: move("cpu"))
+    optimizer.register_step_pre_hook(to_device)
+    optimizer.register_step_post_hook(to_host)
+    optimizer.register_load_state_dict_post_hook(to_host)
     optimizer.prime_state_offload = True
 
 

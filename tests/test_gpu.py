@@ -1,0 +1,92 @@
+"""GPU paths that CPU tests cannot reach: pinned optimizer-state offload, activation offload
+on a side stream, the chunked log-probabilities on bf16 logits, and FSDP with NCCL against a
+single eager process. Marked ``gpu``: skipped (with the reason) where there is no CUDA device."""
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _model(device):
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    return Qwen3ForCausalLM(config).to(device)
+
+
+def test_optimizer_state_offload_matches_and_lives_in_pinned_memory():
+    import torch
+
+    from prime_core.trainer.config import OptimConfig
+    from prime_core.trainer.optim import build_optimizer
+
+    plain, offloaded = _model("cuda"), _model("cuda")
+    opts = [build_optimizer(plain, OptimConfig(lr=1e-3)), build_optimizer(offloaded, OptimConfig(lr=1e-3), cpu_offload=True)]
+    ids = torch.randint(0, 1000, (1, 64), device="cuda")
+    for _ in range(3):
+        for model, opt in zip((plain, offloaded), opts, strict=True):
+            model(ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+    for a, b in zip(plain.parameters(), offloaded.parameters(), strict=True):
+        assert torch.equal(a, b)
+    state = next(iter(opts[1].state.values()))
+    assert state["exp_avg"].device.type == "cpu" and state["exp_avg"].is_pinned()
+
+
+def test_activation_offloading_copies_to_pinned_memory_and_keeps_gradients():
+    import torch
+
+    from prime_core.trainer.config import TrainerModelConfig
+    from prime_plugin_ac import offloading
+
+    ids = torch.randint(0, 1000, (1, 2048), device="cuda")
+    plain = _model("cuda")
+    plain(ids, labels=ids).loss.backward()
+    model = offloading.apply(_model("cuda"), config=TrainerModelConfig(ac_offloading={"max_inflight_activations": 2}))
+    offloader = model.model.layers[0]._offloader
+    packed = []
+    pack = offloader.pack
+    offloader.pack = lambda t: packed.append(pack(t)) or packed[-1]
+    model(ids, labels=ids).loss.backward()
+    moved = [p for p in packed if isinstance(p, offloading._Offloaded)]
+    assert moved and all(p.host.is_pinned() and p.event is not None for p in moved)
+    for (name, a), b in zip(plain.named_parameters(), model.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-5), name
+
+
+def test_chunked_logprobs_on_bf16_logits():
+    import torch
+
+    from prime_core.trainer.model import token_logprob_fn
+
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(5000, 32000, device="cuda")).bfloat16().requires_grad_()
+    targets = torch.randint(0, 32000, (5000,), device="cuda")
+    logp, entropy = token_logprob_fn()(logits, targets, 1.0, True)
+    logp.sum().backward()
+    x = logits.detach().double().requires_grad_()
+    reference = x.log_softmax(-1).gather(-1, targets[:, None])[:, 0]
+    reference.sum().backward()
+    assert torch.allclose(logp.double(), reference, atol=1e-3)
+    relative = (logits.grad.double() - x.grad).norm() / x.grad.norm()
+    assert relative < 1e-2  # bf16 gradients
+
+
+def test_fsdp_with_nccl_matches_one_eager_process(tmp_path):
+    import torch
+    from prime_plugin_hf.tiny import build_tiny
+
+    from prime_core.parity import compare, run
+
+    tiny = build_tiny(tmp_path / "tiny", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32)
+    cases = [{"name": "fsdp"}, {"name": "ac_offload", "model": {"ac": {}, "ac_offloading": {}}},
+             {"name": "optim_offload", "model": {"optim_cpu_offload": True}}]
+    run(tiny, tmp_path / "out", cases, reference=True)
+    run(tiny, tmp_path / "out", cases, processes=min(2, torch.cuda.device_count()))
+    for case in cases:
+        compare(tmp_path / "out" / f"{case['name']}.reference.pt", tmp_path / "out" / f"{case['name']}.pt",
+                rtol=1e-3, atol=1e-4)
