@@ -37,6 +37,43 @@ def test_optimizer_state_offload_matches_and_lives_in_pinned_memory():
     assert state["exp_avg"].device.type == "cpu" and state["exp_avg"].is_pinned()
 
 
+def test_sharded_optimizer_state_stays_off_the_gpu_between_steps(tmp_path):
+    """With FSDP (DTensor state) the offloaded state frees its GPU memory, and a checkpoint
+    taken while it is offloaded restores the same training."""
+    import torch
+
+    from prime_core import distributed
+    from prime_core.plugins import get_plugin_manager
+    from prime_core.trainer import ckpt
+    from prime_core.trainer.build import build_policy
+    from prime_core.trainer.config import OptimConfig, TrainerModelConfig
+    from prime_core.trainer.optim import build_optimizer
+
+    _model("cpu").save_pretrained(tmp_path / "m")
+    world = distributed.World(device=torch.device("cuda", torch.cuda.current_device()))
+    try:
+        config = TrainerModelConfig(name=str(tmp_path / "m"), impl="hf", dtype="float32")
+        policy = build_policy(config, get_plugin_manager(), world)
+        optimizer = build_optimizer(policy.model, OptimConfig(lr=1e-3), cpu_offload=True)
+        ids = torch.randint(0, 1000, (1, 64), device="cuda")
+        policy.model(ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        state = next(iter(optimizer.state.values()))
+        assert state["exp_avg"].device.type == "cpu" and not hasattr(state["exp_avg"], "to_local")
+        allocated = torch.cuda.memory_allocated()
+        ckpt.save(tmp_path, 1, policy.model, optimizer, {}, world=world)
+        assert torch.cuda.memory_allocated() <= allocated + 1024
+        assert next(iter(optimizer.state.values()))["exp_avg"].device.type == "cpu"
+        ckpt.load(tmp_path / "checkpoints" / "step_1", policy.model, optimizer)
+        assert next(iter(optimizer.state.values()))["exp_avg"].device.type == "cpu"
+        policy.model(ids, labels=ids).loss.backward()
+        optimizer.step()  # the state comes back as sharded tensors for the update
+    finally:
+        distributed.shutdown()
+
+
 def test_activation_offloading_copies_to_pinned_memory_and_keeps_gradients():
     import torch
 

@@ -49,8 +49,13 @@ def save(output_dir: Path, step: int, model, optimizer, progress: dict, *, world
     if world.main:
         shutil.rmtree(path, ignore_errors=True)
     distributed.barrier(world)
+    offload = getattr(optimizer, "prime_state_offload", None)
+    if offload:
+        offload.to_device()  # the state's sharded layout, as the checkpoint records it
     model_state, optim_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path / "state")
+    if offload:
+        offload.to_host()
     distributed.barrier(world)
     if world.main:
         (path / "progress.json").write_text(json.dumps({"step": step, "world_size": world.size, **progress}))
@@ -70,6 +75,9 @@ def load(path: Path, model, optimizer) -> dict:
 
     if not (path / "state").is_dir():
         raise RuntimeError(f"checkpoint {path} has no 'state' folder (written by an older prime?)")
+    offload = getattr(optimizer, "prime_state_offload", None)
+    if offload:
+        offload.to_device()  # loading moves it out again (a load_state_dict hook)
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=path / "state")

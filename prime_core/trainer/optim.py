@@ -18,62 +18,72 @@ def build_optimizer(model, optim_config, *, cpu_offload: bool = False):
         optimizer = torch.optim.AdamW(params, lr=optim_config.lr, weight_decay=optim_config.weight_decay,
                                       betas=tuple(optim_config.betas), **({"fused": True} if fused else {}))
     if cpu_offload:
-        install_state_offload(optimizer)
+        StateOffload(optimizer)
     return optimizer
 
 
-def install_state_offload(optimizer) -> None:
-    """Keep the optimizer state in CPU memory except during ``step``.
+class StateOffload:
+    """Keeps an optimizer's state in CPU memory except during ``step``
+    (``trainer.model.optim_cpu_offload``).
 
     RL steps spend most of their time in many forward/backward passes; the state (two fp32
     copies of the parameters for AdamW) is only needed for the update, so it stays off the
-    accelerator while activations are alive. On GPUs each state tensor has a persistent
-    pinned host buffer and both copies are asynchronous on the compute stream (stream order
-    keeps them safe without synchronising). Loading a checkpoint moves the state out too.
+    accelerator while activations are alive. On GPUs each state tensor has a persistent pinned
+    host buffer and both copies are asynchronous on the compute stream (stream order keeps them
+    safe). While offloaded, a sharded (DTensor) state is held as its local shard: wrapping a
+    CPU shard in a DTensor would move it straight back to the mesh's device.
+    Checkpointing calls ``to_device`` / ``to_host`` around reading or writing the state.
     """
-    import torch
 
-    pin = torch.cuda.is_available()
-    host: dict = {}
+    def __init__(self, optimizer) -> None:
+        import torch
 
-    def local(t):
-        return t.to_local() if hasattr(t, "to_local") else t
+        self.optimizer = optimizer
+        self.pin = torch.cuda.is_available()
+        self.host: dict = {}
+        self.layout: dict = {}
+        optimizer.register_step_pre_hook(lambda *_: self.to_device())
+        optimizer.register_step_post_hook(lambda *_: self.to_host())
+        optimizer.register_load_state_dict_post_hook(lambda *_: self.to_host())
+        optimizer.prime_state_offload = self
 
-    def like(reference, tensor):
-        if not hasattr(reference, "to_local"):
-            return tensor
-        from torch.distributed.tensor import DTensor
+    def _states(self):
+        import torch
 
-        return DTensor.from_local(tensor, reference.device_mesh, reference.placements, run_check=False,
-                                  shape=reference.shape, stride=reference.stride())
-
-    def states():
-        for param, state in optimizer.state.items():
+        for param, state in self.optimizer.state.items():
             for key, value in state.items():
                 if torch.is_tensor(value) and key != "step":  # fused AdamW keeps `step` with the params
                     yield param, state, key, value
 
-    def to_host(*_) -> None:
-        for param, state, key, value in list(states()):
-            source = local(value)
+    def to_host(self) -> None:
+        import torch
+
+        for param, state, key, value in list(self._states()):
+            source = value.to_local() if hasattr(value, "to_local") else value
             if source.device.type == "cpu":
                 continue
-            buffer = host.get((id(param), key))
+            slot = (id(param), key)
+            if hasattr(value, "to_local"):
+                self.layout[slot] = (value.device_mesh, value.placements, value.shape, value.stride())
+            buffer = self.host.get(slot)
             if buffer is None or buffer.shape != source.shape:
-                buffer = host[(id(param), key)] = torch.empty(source.shape, dtype=source.dtype, pin_memory=pin)
-            buffer.copy_(source, non_blocking=pin)
-            state[key] = like(value, buffer)
+                buffer = self.host[slot] = torch.empty(source.shape, dtype=source.dtype, pin_memory=self.pin)
+            buffer.copy_(source, non_blocking=self.pin)
+            state[key] = buffer
 
-    def to_device(*_) -> None:
-        for param, state, key, value in list(states()):
-            device = local(param).device
-            if local(value).device != device:
-                state[key] = like(value, local(value).to(device, non_blocking=pin))
+    def to_device(self) -> None:
+        for param, state, key, value in list(self._states()):
+            device = (param.to_local() if hasattr(param, "to_local") else param).device
+            if hasattr(value, "to_local") or value.device == device:
+                continue
+            moved = value.to(device, non_blocking=self.pin)
+            layout = self.layout.get((id(param), key))
+            if layout is not None:
+                from torch.distributed.tensor import DTensor
 
-    optimizer.register_step_pre_hook(to_device)
-    optimizer.register_step_post_hook(to_host)
-    optimizer.register_load_state_dict_post_hook(to_host)
-    optimizer.prime_state_offload = True
+                mesh, placements, shape, stride = layout
+                moved = DTensor.from_local(moved, mesh, placements, run_check=False, shape=shape, stride=stride)
+            state[key] = moved
 
 
 def build_scheduler(optimizer, scheduler_config, max_steps: int | None):
