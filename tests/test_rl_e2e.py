@@ -104,6 +104,32 @@ def test_reward_rises_policy_lag_is_bounded_and_weights_reach_inference(warm_mod
     assert abs(trainer[0]["mismatch_kl"]) < 1e-3, f"trainer and vLLM disagree: {trainer[0]['mismatch_kl']}"
 
 
+def test_lora_rl_serves_each_adapter_and_learns(warm_model, tmp_path):
+    """LoRA end to end: the trainer publishes only adapters, vLLM serves each new one (the
+    first step's samples match the trainer's log-probabilities), and the merged result is
+    better at the task than the model it started from."""
+    from prime_plugin_lora.lora import merge
+
+    out = tmp_path / "rl"
+    steps = 30
+    prime(*rl_args(warm_model, out, "--max-steps", str(steps), "--trainer.model.lora.rank", "8",
+                   "--trainer.model.lora.alpha", "16", "--trainer.optim.lr", "3e-3"))
+    trainer, orchestrator = records(out, "trainer"), records(out, "orchestrator")
+    assert [r["step"] for r in trainer] == list(range(1, steps + 1))
+    final = out / "weights" / f"step_{steps}"
+    assert sorted(p.name for p in final.iterdir()) == ["STABLE", "adapter_config.json", "adapter_model.safetensors"]
+    assert "strategies lora, fsdp" in (out / "logs" / "trainer.log").read_text()
+    assert f"as LoRA adapter {warm_model}-lora-step-" in (out / "logs" / "orchestrator.log").read_text()
+    assert abs(trainer[0]["mismatch_kl"]) < 1e-3, f"vLLM's adapter and the trainer disagree: {trainer[0]['mismatch_kl']}"
+    versions = [r["weights_version"] for r in orchestrator]
+    assert versions[-1] >= steps - 3
+    probes = {r["weights_version"]: r["probe_logprob"] for r in orchestrator}
+    assert probes[versions[-1]] != pytest.approx(probes[0], abs=1e-6), "outputs changed with the adapters"
+    before = expected_exact_match(warm_model, ALL_SUMS)
+    after = expected_exact_match(merge(str(warm_model), str(final), str(tmp_path / "merged")), ALL_SUMS)
+    assert after > before, f"expected reward did not rise with LoRA: {before:.3f} -> {after:.3f}"
+
+
 def test_trainer_killed_mid_run_resumes_without_gap_or_repeat(warm_model, tmp_path):
     out = tmp_path / "rl"
     steps = 12

@@ -117,7 +117,8 @@ class Orchestrator:
                 await asyncio.to_thread(admin.update_weights, path)
         self.version = step
         self.probe = await self.probe_logprob()
-        print(f"loaded policy v{step} into inference (probe logprob {self.probe:.4f})", flush=True)
+        served = f" as LoRA adapter {self.served_model}" if self.adapters else ""
+        print(f"loaded policy v{step} into inference{served} (probe logprob {self.probe:.4f})", flush=True)
 
     async def probe_logprob(self) -> float:
         """Sum of log-probabilities of a fixed greedy completion: changes when weights do."""
