@@ -82,9 +82,12 @@ def test_reward_rises_policy_lag_is_bounded_and_weights_reach_inference(warm_mod
     assert [r["step"] for r in trainer] == list(range(1, steps + 1))
     assert [r["step"] for r in orchestrator] == list(range(1, steps + 1))
 
-    # The reward RL maximises, measured exactly (no sampling noise) on all 100 sums before and after.
+    # The reward RL maximises, measured exactly (no sampling noise) on all 100 sums before and
+    # after; after = the mean over the last three published versions, since one optimizer step
+    # moves it by a few points either way.
     before = expected_exact_match(warm_model, ALL_SUMS)
-    after = expected_exact_match(out / "weights" / f"step_{steps}", ALL_SUMS, tokenizer_path=warm_model)
+    after = sum(expected_exact_match(out / "weights" / f"step_{s}", ALL_SUMS, tokenizer_path=warm_model)
+                for s in range(steps - 2, steps + 1)) / 3
     assert after > before + 0.02, f"expected reward did not rise: {before:.3f} -> {after:.3f}"
     rewards = [r["reward"] for r in orchestrator]
     first, last = sum(rewards[:15]) / 15, sum(rewards[-15:]) / 15
@@ -126,8 +129,10 @@ def test_lora_rl_serves_each_adapter_and_learns(warm_model, tmp_path):
     probes = {r["weights_version"]: r["probe_logprob"] for r in orchestrator}
     assert probes[versions[-1]] != pytest.approx(probes[0], abs=1e-6), "outputs changed with the adapters"
     before = expected_exact_match(warm_model, ALL_SUMS)
-    after = expected_exact_match(merge(str(warm_model), str(final), str(tmp_path / "merged")), ALL_SUMS)
-    assert after > before, f"expected reward did not rise with LoRA: {before:.3f} -> {after:.3f}"
+    after = sum(expected_exact_match(merge(str(warm_model), str(out / "weights" / f"step_{s}"),
+                                           str(tmp_path / f"merged_{s}")), ALL_SUMS)
+                for s in range(steps - 2, steps + 1)) / 3  # mean of the last three versions
+    assert after > before + 0.01, f"expected reward did not rise with LoRA: {before:.3f} -> {after:.3f}"
 
 
 def test_trainer_killed_mid_run_resumes_without_gap_or_repeat(warm_model, tmp_path):

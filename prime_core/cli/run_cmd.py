@@ -61,7 +61,7 @@ def prepare_output_dir(config) -> None:
 
     out = config.output_dir
     previous = [name for name in RUN_OUTPUTS if (out / name).exists()]
-    if not previous or config.resume:
+    if not previous or config.resume or config.bench:  # a benchmark writes no run outputs
         return
     if not config.clean:
         raise PrimeError(

@@ -28,14 +28,6 @@ def resolve_impl(model_config, manager):
     return max(candidates, key=lambda spec: (spec.priority, spec.name))
 
 
-def build_model(model_config, manager, *, device: str = "cpu"):
-    from prime_core.hub import loading
-
-    impl = resolve_impl(model_config, manager)
-    with loading(model_config.name, "model.name"):
-        return impl.build(model_config, device=device), impl.name
-
-
 def block_causal_mask(position_ids):
     """``[1, 1, L, L]`` boolean mask: causal within each packed sample, nothing across."""
     import torch

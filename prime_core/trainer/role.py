@@ -28,12 +28,6 @@ from prime_core.weights import remove_after
 SHOW = ("loss", "reward", "entropy", "mismatch_kl", "grad_norm", "tokens_per_s")
 
 
-def device_name() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def train_one_step(training, batch: dict, loss_fn, loss_kwargs: dict, max_norm) -> dict:
     """Forward/backward over this rank's share of ``batch`` and one optimizer step; returns the
     step's sums over all ranks."""
