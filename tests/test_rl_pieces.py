@@ -81,7 +81,8 @@ def test_default_loss_masks_tokens_that_moved_too_far():
 def test_train_step_reduces_loss_on_a_fixed_batch(tmp_path):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from prime_core.trainer.role import train_step
+    from prime_core.distributed import World
+    from prime_core.trainer.step import forward_backward
 
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -103,11 +104,13 @@ def test_train_step_reduces_loss_on_a_fixed_batch(tmp_path):
         return float(lp[3:].sum().exp())
 
     before = prob(good), prob(bad)
-    sums = train_step(model, batch, default_loss, {}, "cpu")
+    rows = batch["micro_batches"]
+    sums = forward_backward(model, rows, total_loss_tokens=sum(sum(r["loss_mask"]) for r in rows), world=World(),
+                            loss_fn=default_loss)
     opt.step()
     after = prob(good), prob(bad)
     assert after[0] > before[0] and after[1] < before[1], "positive advantage up, negative down"
-    assert sums["loss_tokens"] == 4 and math.isfinite(sums["loss"])
+    assert sums["tokens"] == 10 and math.isfinite(sums["loss"])
 
 
 def test_batches_are_written_atomically_and_awaited(tmp_path):
@@ -187,3 +190,18 @@ def test_chunked_token_logprobs_match_log_softmax(temperature, monkeypatch):
     assert torch.allclose(entropy.double(), -(x.softmax(-1) * x.log_softmax(-1)).sum(-1), atol=1e-4)
     assert entropy.requires_grad is False
     assert torch.allclose(logits.grad.double(), leaf.grad, atol=1e-6)
+
+
+def test_rows_are_shared_by_tokens_and_padded_to_equal_counts():
+    from prime_core.trainer.step import share
+
+    rows = [{"input_ids": [0] * n, "loss_mask": [1] * n} for n in (100, 90, 60, 40, 10)]
+    shares = [share(rows, rank, 2) for rank in range(2)]
+    real = [[r for r in s if not r.get("padding")] for s in shares]
+    assert sorted(len(r["input_ids"]) for s in real for r in s) == [10, 40, 60, 90, 100]  # every row once
+    loads = [sum(len(r["input_ids"]) for r in s) for s in real]
+    assert abs(loads[0] - loads[1]) <= 20, loads
+    assert len(shares[0]) == len(shares[1]), "every rank runs as many passes"
+    three = [share(rows[:2], rank, 3) for rank in range(3)]
+    assert [len(s) for s in three] == [1, 1, 1] and three[2][0]["padding"] and sum(three[2][0]["loss_mask"]) == 0
+    assert share(rows, 0, 1) == rows
