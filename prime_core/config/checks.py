@@ -59,18 +59,19 @@ def _check_one(manager: PluginManager, key: str, value: Any, marker: Selects | R
         return None
     entries = manager.registry(marker.registry)
     noun = REGISTRIES[marker.registry].noun
+    setting = f"[{key}]" if isinstance(value, BaseModel) else f"{key} = {value!r}"  # a table: just "is on"
     if marker.name.endswith("*"):
         matches = [k for k in entries if k.startswith(marker.name[:-1])]
         if any(entries[k].spec.unavailable_reason() is None for k in matches):
             return None
         reasons = "; ".join(f"{k}: {entries[k].spec.unavailable_reason()}" for k in matches)
-        return f"{key} = {value!r} needs {noun} '{marker.name}'" + (
+        return f"{setting} needs {noun} '{marker.name}'" + (
             f", but none can run here ({reasons})" if matches else ", which no installed plugin provides"
         )
     try:
         manager.select(marker.registry, marker.name)
     except PluginError as exc:
-        return f"{key} = {value!r} needs the {noun} '{marker.name}': {exc}"
+        return f"{setting} needs the {noun} '{marker.name}': {exc}"
     return None
 
 
