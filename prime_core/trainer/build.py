@@ -42,7 +42,11 @@ def requested(model_config) -> list[str]:
 
 
 def build_policy(model_config, manager, world, *, only: set[str] | None = None) -> Policy:
-    """Build the policy on CPU, apply the strategies in order, and place it on ``world.device``.
+    """Build the policy, apply the strategies in order, and place it on ``world.device``.
+
+    With several processes only rank 0 loads the weights (on CPU); the others build the same
+    model on the meta device, and after sharding every rank receives its shards from rank 0
+    (``broadcast_from_rank0``), so the host holds one full copy, not one per process.
 
     ``only`` limits the strategies to those named (parity tests build their single-process
     reference with ``only={"lora"}``: the model without the numerically transparent ones)."""
@@ -63,12 +67,18 @@ def build_policy(model_config, manager, world, *, only: set[str] | None = None) 
     # FSDP keeps master weights in optimization_dtype and computes in dtype; without it the
     # parameters are simply held in dtype.
     build_dtype = model_config.optimization_dtype if use_fsdp else model_config.dtype
+    meta = world.size > 1 and not world.main
     with loading(model_config.name, "model.name"):
-        model = impl.build(model_config.model_copy(update={"dtype": build_dtype}), device="cpu")
+        model = impl.build(model_config.model_copy(update={"dtype": build_dtype}), device="meta" if meta else "cpu")
     policy = Policy(model=model, impl=impl.name, hf_config=getattr(model, "config", None))
     if policy.hf_config is not None:
         policy.hf_config.dtype = model_config.dtype  # what published checkpoints hold
+    full = None
     for name in names + (["fsdp"] if use_fsdp else []):
+        if name == "fsdp" and world.size > 1 and world.main:
+            from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+            full = get_model_state_dict(policy.model)  # before sharding: rank 0's full tensors
         spec = manager.select("parallel_strategies", name, key=KEYS[name])
         mesh = None
         if {"dp_shard", "dp_replicate"} & set(spec.mesh_dims):
@@ -80,7 +90,22 @@ def build_policy(model_config, manager, world, *, only: set[str] | None = None) 
         policy.applied.append(name)
     if not use_fsdp:
         policy.model.to(world.device)
+    elif world.size > 1:
+        _broadcast_weights(policy.model, full, world, offloaded=model_config.fsdp_cpu_offload)
     return policy
+
+
+def _broadcast_weights(model, full: dict | None, world, *, offloaded: bool) -> None:
+    """Give the meta-built ranks their shards and buffers from rank 0."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if not world.main:
+        model.to_empty(device="cpu" if offloaded else world.device)
+    set_model_state_dict(model, full or {}, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    # Buffers outside the state dict (rotary frequencies) were never initialised on meta ranks.
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
 
 
 def full_state_dict(policy: Policy, world) -> dict | None:
