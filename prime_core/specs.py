@@ -95,10 +95,14 @@ class ModelImpl(Spec):
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelStrategy(Spec):
-    """A way to parallelise the model. ``apply(model, *, mesh, config)`` returns the model.
+    """A transformation of the trained model: ``apply(model, *, mesh, config, world)``
+    returns the model, or ``(model, exporter)`` when the strategy decides what is published
+    (LoRA: ``exporter(model, world)`` returns a ``prime_core.weights.Adapter`` on rank 0).
 
-    The core applies strategies in its fixed build order (LoRA, EP, CP, AC, compile, FSDP);
-    ``mesh_dims`` names the device-mesh dimensions the strategy needs.
+    The core applies strategies in its fixed build order (lora, ep, cp, ac, ac_offloading,
+    compile, fsdp) when their ``trainer.model`` key is on; ``config`` is ``trainer.model``,
+    ``world`` the ``prime_core.distributed.World`` (rank, size, device). ``mesh_dims`` names
+    the device-mesh dimensions the strategy needs; the core builds the mesh and passes it.
     """
 
     apply: Callable[..., Any]
