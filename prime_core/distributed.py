@@ -109,9 +109,13 @@ def barrier(world: World) -> None:
 
 
 def shutdown() -> None:
+    """Leave the process group together: a rank that tears gloo down while another still
+    finishes its last step can abort at exit."""
     import torch.distributed as dist
 
     if dist.is_initialized():
+        if dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 
