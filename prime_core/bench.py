@@ -36,6 +36,10 @@ class BenchConfig(Section):
     output_json: Path | None = None
     """Also save the results here."""
 
+    @property
+    def total_steps(self) -> int:
+        return self.warmup_steps + self.steps
+
 
 # Dense peak (FLOP/s) with bf16/fp16 tensor cores, by a substring of the device name.
 PEAK_FLOPS = {
@@ -141,6 +145,15 @@ def peak_memory(device) -> tuple[float, float]:
 class BenchMeter:
     """Collects the measured steps of one rank and reports for the whole job on rank 0."""
 
+    @classmethod
+    def for_run(cls, config, training, *, role: str, data: str) -> BenchMeter:
+        """The meter of ``prime trainer|sft --bench`` (``config``: the role's config)."""
+        policy = training.policy
+        label = {"role": role, "model": str(config.model.name), "seq_len": config.seq_len,
+                 "config": ", ".join(policy.applied) or "plain", "data": data}
+        return cls(config.bench, world=training.world, model=policy.model, hf_config=policy.hf_config,
+                   dtype=config.model.dtype, label=label)
+
     def __init__(self, config: BenchConfig, *, world, model, hf_config, dtype: str, label: dict) -> None:
         self.config = config
         self.world = world
@@ -149,10 +162,6 @@ class BenchMeter:
         self.dtype = dtype
         self.label = label
         self.steps: list[dict] = []
-
-    @property
-    def total_steps(self) -> int:
-        return self.config.warmup_steps + self.config.steps
 
     def start_step(self, step: int) -> float:
         from prime_core import distributed
@@ -170,8 +179,8 @@ class BenchMeter:
         elapsed = time.perf_counter() - started
         tokens = sum(len(r["input_ids"]) for r in rows if not r.get("padding"))
         flops = step_flops(rows, self.n_params, self.hf_config)
-        tokens, flops = distributed.all_reduce_sum([tokens, flops], self.world)
-        (elapsed,) = distributed.all_reduce_max([elapsed], self.world)
+        tokens, flops = distributed.all_reduce([tokens, flops], self.world)
+        (elapsed,) = distributed.all_reduce([elapsed], self.world, "max")
         if step > self.config.warmup_steps:
             self.steps.append({"step_time": elapsed, "tokens": tokens, "flops": flops})
 
@@ -179,7 +188,7 @@ class BenchMeter:
         from prime_core import distributed
 
         peak_bytes, capacity = peak_memory(self.world.device)
-        (peak_bytes,) = distributed.all_reduce_max([peak_bytes], self.world)
+        (peak_bytes,) = distributed.all_reduce([peak_bytes], self.world, "max")
         device_peak, source = peak_flops(self.world.device, self.dtype)
         times = [s["step_time"] for s in self.steps]
         tokens_per_s = [s["tokens"] / s["step_time"] for s in self.steps]

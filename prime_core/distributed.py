@@ -78,26 +78,15 @@ def data_parallel_mesh(world: World, dp_replicate: int = 1):
     return mesh
 
 
-def all_reduce_sum(values: list[float], world: World) -> list[float]:
-    """Sum floats over every rank (identity in a single process)."""
+def all_reduce(values: list[float], world: World, op: str = "sum") -> list[float]:
+    """``op`` (``sum`` or ``max``) of floats over every rank (identity in a single process)."""
     if not world.distributed:
         return list(values)
     import torch
     import torch.distributed as dist
 
     tensor = torch.tensor(values, dtype=torch.float64, device=world.device)
-    dist.all_reduce(tensor)
-    return tensor.tolist()
-
-
-def all_reduce_max(values: list[float], world: World) -> list[float]:
-    if not world.distributed:
-        return list(values)
-    import torch
-    import torch.distributed as dist
-
-    tensor = torch.tensor(values, dtype=torch.float64, device=world.device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
     return tensor.tolist()
 
 

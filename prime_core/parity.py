@@ -20,6 +20,8 @@ from pathlib import Path
 STEPS = 3
 SEQ_LEN = 96
 SAMPLES = 12
+TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 32}
+"""The model the plugins' parity tests use (``prime_plugin_hf.tiny.build_tiny(path, **TINY)``)."""
 
 
 def batch_for(step: int, vocab_size: int) -> dict:
@@ -33,13 +35,12 @@ def run_case(case: dict, model_dir: str, out_dir: Path, *, reference: bool, save
              load_ckpt: bool, world) -> None:
     import torch
 
-    from prime_core import distributed
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer import ckpt
-    from prime_core.trainer.build import build_policy, full_state_dict
+    from prime_core.trainer.build import Training, build_policy, full_state_dict
     from prime_core.trainer.config import OptimConfig, SchedulerConfig, TrainerModelConfig
-    from prime_core.trainer.optim import build_optimizer, build_scheduler, clip_and_step
-    from prime_core.trainer.step import forward_backward, share
+    from prime_core.trainer.optim import build_optimizer, build_scheduler
+    from prime_core.trainer.step import train_step
 
     manager = get_plugin_manager()
     model_config = TrainerModelConfig(name=model_dir, impl="hf", dtype="float32", **case.get("model", {}))
@@ -50,7 +51,8 @@ def run_case(case: dict, model_dir: str, out_dir: Path, *, reference: bool, save
     policy.model.train()
     optimizer = build_optimizer(policy.model, optim_config,
                                 cpu_offload=model_config.optim_cpu_offload and not reference)
-    scheduler = build_scheduler(optimizer, SchedulerConfig(), None)
+    training = Training(world=world, policy=policy, optimizer=optimizer,
+                        scheduler=build_scheduler(optimizer, SchedulerConfig(), None))
     steps = case.get("steps", STEPS)
     first = 1
     if load_ckpt:
@@ -59,13 +61,10 @@ def run_case(case: dict, model_dir: str, out_dir: Path, *, reference: bool, save
         first = progress["step"] + 1
     losses, norms = [], []
     for step in range(first, steps + 1):
-        rows = batch_for(step, policy.hf_config.vocab_size)["micro_batches"]
-        total = sum(sum(r["loss_mask"]) for r in rows)
-        sums = forward_backward(policy.model, share(rows, world.rank, world.size), total_loss_tokens=total,
-                                world=world, loss_fn=_loss(manager))
-        (loss,) = distributed.all_reduce_sum([sums["loss"]], world)
-        norms.append(clip_and_step(policy.model, optimizer, scheduler, 1.0))
-        losses.append(loss)
+        sums = train_step(training, batch_for(step, policy.hf_config.vocab_size)["micro_batches"], max_norm=1.0,
+                          loss_fn=manager.select("algorithms", "loss:default").fn)
+        norms.append(sums["grad_norm"])
+        losses.append(sums["loss"])
         if save_ckpt and step == case.get("ckpt_step"):
             ckpt.save(out_dir / case["name"], step, policy.model, optimizer, {}, world=world)
     state = full_state_dict(policy, world)
@@ -73,10 +72,6 @@ def run_case(case: dict, model_dir: str, out_dir: Path, *, reference: bool, save
     if world.main:
         torch.save({"losses": losses, "grad_norms": norms, "state": state, "applied": policy.applied,
                     "world_size": world.size}, out_dir / f"{case['name']}{'.reference' if reference else ''}.pt")
-
-
-def _loss(manager):
-    return manager.select("algorithms", "loss:default").fn
 
 
 def compare(reference: Path, result: Path, *, rtol: float = 1e-4, atol: float = 2e-5) -> dict:
@@ -117,6 +112,21 @@ def run(model_dir, out_dir: Path, cases: list[dict], *, processes: int = 1, refe
     if done.returncode:
         sys.stderr.write(done.stdout[-4000:] + done.stderr[-8000:])
         raise AssertionError(f"parity run failed ({done.returncode}): {' '.join(command)}")
+
+
+def check(model_dir, out_dir: Path, cases: list[dict], *, processes: int, **tolerance) -> dict[str, dict]:
+    """Run ``cases`` as the reference and in ``processes`` processes, ``compare`` each, and
+    return every case's result (``losses``, ``state``, ``applied``, ... plus ``worst``)."""
+    import torch
+
+    out_dir = Path(out_dir)
+    run(model_dir, out_dir, cases, reference=True)
+    run(model_dir, out_dir, cases, processes=processes)
+    results = {}
+    for case in cases:
+        worst = compare(out_dir / f"{case['name']}.reference.pt", out_dir / f"{case['name']}.pt", **tolerance)
+        results[case["name"]] = {**torch.load(out_dir / f"{case['name']}.pt", weights_only=False), "worst": worst}
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -117,13 +117,10 @@ def test_fsdp_with_nccl_matches_one_eager_process(tmp_path):
     import torch
     from prime_plugin_hf.tiny import build_tiny
 
-    from prime_core.parity import compare, run
+    from prime_core.parity import TINY, check
 
-    tiny = build_tiny(tmp_path / "tiny", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32)
     cases = [{"name": "fsdp"}, {"name": "ac_offload", "model": {"ac": {}, "ac_offloading": {}}},
              {"name": "optim_offload", "model": {"optim_cpu_offload": True}}]
-    run(tiny, tmp_path / "out", cases, reference=True)
-    run(tiny, tmp_path / "out", cases, processes=min(2, torch.cuda.device_count()))
-    for case in cases:
-        compare(tmp_path / "out" / f"{case['name']}.reference.pt", tmp_path / "out" / f"{case['name']}.pt",
-                rtol=1e-3, atol=1e-4)
+    results = check(build_tiny(tmp_path / "tiny", **TINY), tmp_path / "out", cases,
+                    processes=min(2, torch.cuda.device_count()), rtol=1e-3, atol=1e-4)
+    assert all("fsdp" in r["applied"] for r in results.values())

@@ -19,8 +19,8 @@ from prime_core.plugins import get_plugin_manager
 from prime_core.trainer import ckpt
 from prime_core.trainer.build import full_state_dict, start_training
 from prime_core.trainer.fake import fake_samples
-from prime_core.trainer.optim import build_scheduler, clip_and_step
-from prime_core.trainer.step import forward_backward, share
+from prime_core.trainer.optim import build_scheduler
+from prime_core.trainer.step import train_step
 from prime_core.weights import Adapter
 
 
@@ -86,7 +86,7 @@ def run(config) -> int:
     manager = get_plugin_manager()
     rng = random.Random(config.data.seed)
     bench = config.bench
-    max_steps = bench.warmup_steps + bench.steps if bench else config.max_steps
+    max_steps = bench.total_steps if bench else config.max_steps
     training = start_training(config, "sft", max_steps=max_steps, seed=config.data.seed, manager=manager)
     world, policy = training.world, training.policy
     with loading(config.model.tokenizer or config.model.name, "model.name"):
@@ -103,10 +103,7 @@ def run(config) -> int:
     if bench:
         from prime_core.bench import BenchMeter
 
-        meter = BenchMeter(bench, world=world, model=policy.model, hf_config=policy.hf_config,
-                           dtype=config.model.dtype,
-                           label={"role": "sft", "model": str(config.model.name), "seq_len": config.seq_len,
-                                  "config": ", ".join(policy.applied) or "plain", "data": config.data.length})
+        meter = BenchMeter.for_run(config, training, role="sft", data=config.data.length)
     metrics = MetricsLogger(config, role="sft", output_dir=config.output_dir) if world.main and not bench else None
     print(f"sft: {len(dataset)} samples, {max_steps} steps of {config.data.batch_size}, model {policy.impl} on "
           f"{world.size} × {world.device}, strategies {', '.join(policy.applied) or 'none'}", flush=True)
@@ -121,21 +118,17 @@ def run(config) -> int:
                     rng.shuffle(order)
             batch.append(dataset[order.pop()])
         packed = pack(batch, config.seq_len) if config.data.pack else [r for s in batch for r in pack([s], config.seq_len)]
-        rows = [asdict(row) for row in packed]
-        total = sum(sum(r["loss_mask"]) for r in rows)
-        mine = share(rows, world.rank, world.size)
         start = meter.start_step(step) if meter else time.perf_counter()
-        sums = forward_backward(policy.model, mine, total_loss_tokens=total, world=world)
-        loss, tokens = distributed.all_reduce_sum([sums["loss"], sums["tokens"]], world)
-        grad_norm = clip_and_step(policy.model, training.optimizer, training.scheduler, config.optim.max_norm)
+        sums = train_step(training, [asdict(row) for row in packed], max_norm=config.optim.max_norm)
+        loss, tokens = sums["loss"], sums["tokens"]
         if meter:
-            meter.end_step(step, start, mine)
+            meter.end_step(step, start, sums["rows"])
             if world.main:
                 print(f"bench step {step}/{max_steps}: loss {loss:.4f}", flush=True)
             continue
         elapsed = time.perf_counter() - start
         if metrics:
-            metrics.log(step, {"loss": loss, "grad_norm": grad_norm, "lr": training.scheduler.get_last_lr()[0],
+            metrics.log(step, {"loss": loss, "grad_norm": sums["grad_norm"], "lr": training.scheduler.get_last_lr()[0],
                                "tokens": tokens, "tokens_per_s": tokens / elapsed, "step_time": elapsed},
                         show=("loss", "grad_norm", "tokens_per_s"))
         if config.ckpt.interval and step % config.ckpt.interval == 0:

@@ -30,7 +30,8 @@ class Policy:
     applied: list[str] = field(default_factory=list)
     hf_config: Any = None
     exporter: Any = None
-    """``exporter(model, world) -> dict`` of what is published (set by a strategy such as LoRA)."""
+    """``exporter(model, world)``: what is published instead of the full weights (LoRA's
+    ``Adapter``), set by the strategy that returned it."""
 
 
 def requested(model_config) -> list[str]:
@@ -120,7 +121,7 @@ def full_state_dict(policy: Policy, world) -> dict | None:
 
         state = get_model_state_dict(policy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     else:
-        state = {key: value.detach().cpu() for key, value in clean_names(policy.model.state_dict()).items()}
+        state = {key: value.detach().cpu() for key, value in policy.model.state_dict().items()}
     if not world.main:
         return None
     dtype = getattr(torch, str(getattr(policy.hf_config, "dtype", "float32")).replace("torch.", ""))

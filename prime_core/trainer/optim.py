@@ -14,9 +14,9 @@ def build_optimizer(model, optim_config, *, cpu_offload: bool = False):
     if optim_config.type == "sgd":
         optimizer = torch.optim.SGD(params, lr=optim_config.lr, weight_decay=optim_config.weight_decay)
     else:
-        fused = bool(params) and params[0].device.type == "cuda"
         optimizer = torch.optim.AdamW(params, lr=optim_config.lr, weight_decay=optim_config.weight_decay,
-                                      betas=tuple(optim_config.betas), **({"fused": True} if fused else {}))
+                                      betas=tuple(optim_config.betas),
+                                      fused=bool(params) and params[0].device.type == "cuda")
     if cpu_offload:
         StateOffload(optimizer)
     return optimizer

@@ -21,35 +21,17 @@ from prime_core.plugins import get_plugin_manager
 from prime_core.trainer import ckpt
 from prime_core.trainer.build import full_state_dict, start_training
 from prime_core.trainer.fake import FakeDataConfig, fake_batch
-from prime_core.trainer.optim import clip_and_step
-from prime_core.trainer.step import forward_backward, share
+from prime_core.trainer.step import train_step
 from prime_core.weights import remove_after
 
 SHOW = ("loss", "reward", "entropy", "mismatch_kl", "grad_norm", "tokens_per_s")
-
-
-def train_one_step(training, batch: dict, loss_fn, loss_kwargs: dict, max_norm) -> dict:
-    """Forward/backward over this rank's share of ``batch`` and one optimizer step; returns the
-    step's sums over all ranks."""
-    world = training.world
-    rows = batch["micro_batches"]
-    total = sum(sum(row["loss_mask"]) for row in rows)
-    mine = share(rows, world.rank, world.size)
-    sums = forward_backward(training.policy.model, mine, total_loss_tokens=total, world=world, loss_fn=loss_fn,
-                            loss_kwargs=loss_kwargs, temperature=batch.get("temperature", 1.0) or 1.0)
-    keys = sorted(sums)
-    sums = dict(zip(keys, distributed.all_reduce_sum([sums[k] for k in keys], world), strict=True))
-    sums["grad_norm"] = clip_and_step(training.policy.model, training.optimizer, training.scheduler, max_norm)
-    sums["loss_tokens"] = total
-    sums["rows"] = mine
-    return sums
 
 
 def run(config) -> int:
     manager = get_plugin_manager()
     bench = config.bench
     fake = config.data.fake or (FakeDataConfig() if bench else None)
-    max_steps = bench.warmup_steps + bench.steps if bench else config.max_steps
+    max_steps = bench.total_steps if bench else config.max_steps
     training = start_training(config, "trainer", max_steps=max_steps, seed=config.seed, manager=manager)
     world, policy = training.world, training.policy
     loss_fn = manager.select("algorithms", f"loss:{config.loss.type}", key="trainer.loss.type",
@@ -94,7 +76,8 @@ def run(config) -> int:
         vocab = policy.hf_config.vocab_size
         batch = fake_batch(fake, config.seq_len, vocab, rng) if fake else wait_for_batch(config.output_dir, step)
         start = time.perf_counter()
-        sums = train_one_step(training, batch, loss_fn, config.loss.kwargs, config.optim.max_norm)
+        sums = train_step(training, batch["micro_batches"], max_norm=config.optim.max_norm, loss_fn=loss_fn,
+                          loss_kwargs=config.loss.kwargs, temperature=batch.get("temperature") or 1.0)
         elapsed = time.perf_counter() - start
         publish(step)
         if world.main:
@@ -123,18 +106,15 @@ def run(config) -> int:
 def run_bench(config, training, loss_fn, fake, rng) -> int:
     from prime_core.bench import BenchMeter
 
-    policy = training.policy
-    meter = BenchMeter(config.bench, world=training.world, model=policy.model, hf_config=policy.hf_config,
-                       dtype=config.model.dtype,
-                       label={"role": "trainer", "model": str(config.model.name), "seq_len": config.seq_len,
-                              "config": ", ".join(policy.applied) or "plain", "data": fake.length})
-    for step in range(1, meter.total_steps + 1):
-        batch = fake_batch(fake, config.seq_len, policy.hf_config.vocab_size, rng)
+    meter = BenchMeter.for_run(config, training, role="trainer", data=fake.length)
+    for step in range(1, config.bench.total_steps + 1):
+        batch = fake_batch(fake, config.seq_len, training.policy.hf_config.vocab_size, rng)
         started = meter.start_step(step)
-        sums = train_one_step(training, batch, loss_fn, config.loss.kwargs, config.optim.max_norm)
+        sums = train_step(training, batch["micro_batches"], max_norm=config.optim.max_norm, loss_fn=loss_fn,
+                          loss_kwargs=config.loss.kwargs)
         meter.end_step(step, started, sums["rows"])
         if training.world.main:
-            print(f"bench step {step}/{meter.total_steps}: loss {sums['loss']:.4f}", flush=True)
+            print(f"bench step {step}/{config.bench.total_steps}: loss {sums['loss']:.4f}", flush=True)
     meter.report()
     distributed.shutdown()
     return 0

@@ -45,6 +45,25 @@ def row_tensors(row: dict, device) -> dict[str, Any]:
     return out
 
 
+def train_step(training, rows: list[dict], *, max_norm: float | None, loss_fn=None, loss_kwargs: dict | None = None,
+               temperature: float = 1.0) -> dict:
+    """One optimizer step over this rank's share of ``rows`` (the whole step's packed rows):
+    returns the sums over all ranks, plus ``grad_norm``, ``loss_tokens`` and this rank's
+    ``rows`` (padding included)."""
+    from prime_core import distributed
+    from prime_core.trainer.optim import clip_and_step
+
+    world = training.world
+    total = sum(sum(row["loss_mask"]) for row in rows)
+    mine = share(rows, world.rank, world.size)
+    sums = forward_backward(training.policy.model, mine, total_loss_tokens=total, world=world, loss_fn=loss_fn,
+                            loss_kwargs=loss_kwargs, temperature=temperature)
+    keys = sorted(sums)
+    sums = dict(zip(keys, distributed.all_reduce([sums[k] for k in keys], world), strict=True))
+    sums["grad_norm"] = clip_and_step(training.policy.model, training.optimizer, training.scheduler, max_norm)
+    return {**sums, "loss_tokens": total, "rows": mine}
+
+
 def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, loss_fn=None,
                      loss_kwargs: dict | None = None, temperature: float = 1.0) -> dict:
     """Forward and backward over this rank's rows; the loss is normalised by the loss tokens
@@ -52,8 +71,8 @@ def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, 
     negative log-likelihood (SFT). Returns this rank's sums (reduce them across ranks)."""
     from prime_core.trainer.model import token_logprobs
 
-    # Data-parallel gradient reduction averages over ranks; the loss is a sum over them.
-    scale = world.size / max(1, total_loss_tokens)
+    norm = max(1, total_loss_tokens)
+    scale = world.size / norm  # data-parallel gradient reduction averages over ranks; the loss sums
     sums = {"loss": 0.0, "entropy": 0.0, "mismatch_kl": 0.0, "is_masked": 0.0, "tokens": 0.0}
     for row in rows:
         t = row_tensors(row, world.device)
@@ -69,7 +88,6 @@ def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, 
         sums["loss"] += float(loss.detach()) / world.size
         if not row.get("padding"):
             sums["tokens"] += len(row["input_ids"])
-        norm = max(1, total_loss_tokens)
         if entropy is not None:
             sums["entropy"] += float((entropy * mask).sum()) / norm
         for key in ("mismatch_kl", "is_masked"):

@@ -4,7 +4,7 @@ the published adapter is in the PEFT layout vLLM reads."""
 import pytest
 
 from prime_core import PLUGIN_API_VERSION
-from prime_core.parity import compare, run
+from prime_core.parity import TINY, check
 
 import prime_plugin_lora.plugin as plugin
 
@@ -73,15 +73,10 @@ def test_unknown_targets_and_modules_to_save_are_refused():
 
 
 def test_fsdp_lora_matches_a_single_process(tmp_path):
-    import torch
     from prime_plugin_hf.tiny import build_tiny
 
-    tiny = build_tiny(tmp_path / "tiny", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32)
-    run(tiny, tmp_path / "out", CASES, reference=True)
-    run(tiny, tmp_path / "out", CASES, processes=2)
-    for case in CASES:
-        compare(tmp_path / "out" / f"{case['name']}.reference.pt", tmp_path / "out" / f"{case['name']}.pt")
-        got = torch.load(tmp_path / "out" / f"{case['name']}.pt", weights_only=False)
+    results = check(build_tiny(tmp_path / "tiny", **TINY), tmp_path / "out", CASES, processes=2)
+    for got in results.values():
         assert got["applied"][0] == "lora" and "fsdp" in got["applied"]
         assert all(".lora_" in key for key in got["state"])
         assert any(".lora_B." in k and v.abs().max() > 0 for k, v in got["state"].items())  # it trained

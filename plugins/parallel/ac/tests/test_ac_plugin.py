@@ -4,7 +4,7 @@ not numbers: 2 gloo processes with FSDP match a single eager process over severa
 import pytest
 
 from prime_core import PLUGIN_API_VERSION
-from prime_core.parity import compare, run
+from prime_core.parity import TINY, compare, run
 
 import prime_plugin_ac.plugin as plugin
 
@@ -21,8 +21,7 @@ CASES = [
 def tiny(tmp_path_factory):
     from prime_plugin_hf.tiny import build_tiny
 
-    return build_tiny(tmp_path_factory.mktemp("m") / "tiny", hidden_size=64, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=32)
+    return build_tiny(tmp_path_factory.mktemp("m") / "tiny", **TINY)
 
 
 @pytest.fixture(scope="module")

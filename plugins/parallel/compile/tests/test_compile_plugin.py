@@ -4,7 +4,7 @@ process over several steps."""
 import pytest
 
 from prime_core import PLUGIN_API_VERSION
-from prime_core.parity import compare, run
+from prime_core.parity import TINY, check
 
 import prime_plugin_compile.plugin as plugin
 
@@ -18,13 +18,8 @@ def test_declares_the_plugin_api():
 
 @pytest.mark.slow
 def test_compiled_training_matches_eager(tmp_path):
-    import torch
     from prime_plugin_hf.tiny import build_tiny
 
-    tiny = build_tiny(tmp_path / "tiny", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32)
-    run(tiny, tmp_path / "out", CASES, reference=True)
-    run(tiny, tmp_path / "out", CASES, processes=2)
-    for case in CASES:
-        compare(tmp_path / "out" / f"{case['name']}.reference.pt", tmp_path / "out" / f"{case['name']}.pt")
-        applied = torch.load(tmp_path / "out" / f"{case['name']}.pt", weights_only=False)["applied"]
-        assert "compile" in applied
+    results = check(build_tiny(tmp_path / "tiny", **TINY), tmp_path / "out", CASES, processes=2)
+    for result in results.values():
+        assert "compile" in result["applied"]

@@ -5,7 +5,7 @@ world size."""
 import pytest
 
 from prime_core import PLUGIN_API_VERSION
-from prime_core.parity import compare, run
+from prime_core.parity import TINY, compare, run
 from prime_core.plugins import PluginManager
 
 import prime_plugin_fsdp.plugin as plugin
@@ -24,8 +24,7 @@ FOUR = [{"name": "fsdp4"}, {"name": "hsdp", "model": {"dp_replicate": 2}}]
 def tiny(tmp_path_factory):
     from prime_plugin_hf.tiny import build_tiny
 
-    return build_tiny(tmp_path_factory.mktemp("m") / "tiny", hidden_size=64, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=32)
+    return build_tiny(tmp_path_factory.mktemp("m") / "tiny", **TINY)
 
 
 @pytest.fixture(scope="module")
