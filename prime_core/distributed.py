@@ -108,6 +108,29 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
+def exit_process(code: int) -> None:
+    """End a torchrun-started rank without interpreter finalisation.
+
+    Gloo's C++ worker threads can still hold work objects whose tensors reference Python
+    when the interpreter tears down; the rank then aborts with "terminate called without an
+    active exception" (SIGABRT) after finishing its work, intermittently, even after
+    ``destroy_process_group``. A multi-process rank has written and closed its outputs by
+    now, so it flushes its streams and leaves with ``os._exit``. Single processes exit
+    normally.
+    """
+    if from_env()[2] <= 1:
+        raise SystemExit(code)
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 class _Tee:
     def __init__(self, *streams) -> None:
         self.streams = streams

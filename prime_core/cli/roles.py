@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from prime_core import distributed
 from prime_core.cli.app import CONFIG_ARGS
 from prime_core.cli.common import load_config
 
@@ -50,6 +51,8 @@ def run_role(role: str, tokens: list[str]) -> int:
 def _command(role: str, help_text: str):
     def command(ctx: typer.Context) -> None:
         code = run_role(role, ctx.args)
+        if distributed.from_env()[2] > 1:  # a torchrun rank (trainer, sft): see exit_process
+            distributed.exit_process(code)
         if code:
             raise typer.Exit(code)
 
