@@ -2,7 +2,9 @@
 
 Trainer processes started by torchrun (``WORLD_SIZE`` > 1) join one process group: NCCL on
 GPUs, gloo on CPUs. Strategies never create groups; they receive the mesh built here, whose
-named dimensions are ``dp_replicate`` (HSDP replicas) and ``dp_shard`` (FSDP shards).
+named dimensions are ``dp_replicate`` (HSDP replicas) and ``dp_shard`` (FSDP shards), ``cp``
+(context-parallel groups) and ``dp_mod_ep`` × ``ep`` (expert-parallel groups). Context- and
+expert-parallel groups are consecutive ranks.
 """
 
 from __future__ import annotations
@@ -55,20 +57,26 @@ def init() -> World:
     return World(rank=rank, local_rank=local_rank, size=size, device=device)
 
 
-def data_parallel_mesh(world: World, dp_replicate: int = 1):
-    """The mesh FSDP shards over: 1-D ``(dp_shard,)``, or 2-D ``(dp_replicate, dp_shard)``
-    for HSDP. Works with one process too (a mesh of size 1)."""
+def _ensure_group(world: World) -> None:
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
 
-    if world.size % dp_replicate:
-        raise ValueError(f"trainer.model.dp_replicate = {dp_replicate} does not divide the "
-                         f"{world.size} trainer processes")
     if not dist.is_initialized():
         # A single process still gets a real (size-1) group so that every code path is the same.
         dist.init_process_group(backend="gloo" if world.device.type == "cpu" else "nccl",
                                 store=dist.HashStore(), rank=0, world_size=1,
                                 device_id=world.device if world.device.type == "cuda" else None)
+
+
+def data_parallel_mesh(world: World, dp_replicate: int = 1):
+    """The mesh FSDP shards over: 1-D ``(dp_shard,)``, or 2-D ``(dp_replicate, dp_shard)``
+    for HSDP. It spans every rank (context- and expert-parallel ranks shard the dense
+    parameters too). Works with one process (a mesh of size 1)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if world.size % dp_replicate:
+        raise ValueError(f"trainer.model.dp_replicate = {dp_replicate} does not divide the "
+                         f"{world.size} trainer processes")
+    _ensure_group(world)
     if dp_replicate > 1:
         mesh = init_device_mesh(world.device.type, (dp_replicate, world.size // dp_replicate),
                                 mesh_dim_names=("dp_replicate", "dp_shard"))
@@ -76,6 +84,48 @@ def data_parallel_mesh(world: World, dp_replicate: int = 1):
         mesh = init_device_mesh(world.device.type, (world.size,), mesh_dim_names=("dp_shard",))
     world.meshes["dp"] = mesh
     return mesh
+
+
+def context_parallel_mesh(world: World, cp: int):
+    """The 1-D ``cp`` mesh of this rank's context-parallel group: ``cp`` consecutive ranks,
+    which share their rows (``prime_core.trainer.step``)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if world.size % cp:
+        raise ValueError(f"trainer.model.cp = {cp} does not divide the {world.size} trainer processes")
+    _ensure_group(world)
+    mesh = init_device_mesh(world.device.type, (world.size // cp, cp), mesh_dim_names=("dp_cp", "cp"))["cp"]
+    world.meshes["cp"] = mesh
+    return mesh
+
+
+def expert_mesh(world: World, ep: int):
+    """The 2-D ``(dp_mod_ep, ep)`` mesh: ``ep`` consecutive ranks split the experts among
+    them; ranks at the same place in different EP groups hold the same experts."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if world.size % ep:
+        raise ValueError(f"trainer.model.ep = {ep} does not divide the {world.size} trainer processes")
+    _ensure_group(world)
+    mesh = init_device_mesh(world.device.type, (world.size // ep, ep), mesh_dim_names=("dp_mod_ep", "ep"))
+    world.meshes["ep"] = mesh
+    return mesh
+
+
+def mesh_for(world: World, dims: tuple[str, ...], model_config):
+    """The mesh a strategy declared in ``mesh_dims`` (``None`` when it needs none)."""
+    if {"dp_shard", "dp_replicate"} & set(dims):
+        return world.meshes.get("dp") or data_parallel_mesh(world, model_config.dp_replicate)
+    if "cp" in dims:
+        return world.meshes.get("cp") or context_parallel_mesh(world, model_config.cp)
+    if "ep" in dims:
+        return world.meshes.get("ep") or expert_mesh(world, model_config.ep)
+    return None
+
+
+def cp_size(world: World) -> int:
+    mesh = world.meshes.get("cp")
+    return mesh.size() if mesh is not None else 1
 
 
 def all_reduce(values: list[float], world: World, op: str = "sum") -> list[float]:

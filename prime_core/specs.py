@@ -96,24 +96,54 @@ class ModelImpl(Spec):
 @dataclass(frozen=True, kw_only=True)
 class ParallelStrategy(Spec):
     """A transformation of the trained model: ``apply(model, *, mesh, config, world)``
-    returns the model, or ``(model, exporter)`` when the strategy decides what is published
-    (LoRA: ``exporter(model, world)`` returns a ``prime_core.weights.Adapter`` on rank 0).
+    returns the model, or an ``Applied`` when the strategy also decides what is published or
+    must act on the gradients before each optimizer step.
 
     The core applies strategies in its fixed build order (lora, ep, cp, ac, ac_offloading,
     compile, fsdp) when their ``trainer.model`` key is on; ``config`` is ``trainer.model``,
-    ``world`` the ``prime_core.distributed.World`` (rank, size, device). ``mesh_dims`` names
-    the device-mesh dimensions the strategy needs; the core builds the mesh and passes it.
+    ``world`` the ``prime_core.distributed.World`` (rank, size, device, meshes). ``mesh_dims``
+    names the device-mesh dimensions the strategy needs; the core builds the mesh and passes
+    it: ``("dp_replicate", "dp_shard")`` the data-parallel mesh, ``("cp",)`` the 1-D
+    context-parallel mesh, ``("dp_mod_ep", "ep")`` the 2-D expert mesh (see
+    ``prime_core.distributed``).
+
+    Parameters a strategy turns into DTensors (EP's experts) are its own: data parallelism
+    leaves them alone, and the strategy reduces their gradients in ``before_step``.
     """
 
     apply: Callable[..., Any]
     mesh_dims: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Applied:
+    """What ``ParallelStrategy.apply`` returns when more than the model comes back."""
+
+    model: Any
+    exporter: Callable[..., Any] | None = None
+    """``exporter(model, world)``: what rank 0 publishes instead of the full weights (LoRA's
+    ``prime_core.weights.Adapter``); ``None`` elsewhere. Collective."""
+    before_step: Callable[..., Any] | None = None
+    """``before_step(model)``: called on every rank after the step's backward passes and
+    before gradient clipping (EP: reduce expert gradients across data-parallel replicas)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class EPBackend(Spec):
     """Token dispatch/combine for expert parallelism (``trainer.model.ep_comm_backend``).
 
-    ``make(ep_group, config)`` returns an object with ``dispatch`` and ``combine``.
+    ``make(group, *, num_experts, config)`` (``group``: the EP process group, whose rank r
+    owns experts ``[r * E_local, (r + 1) * E_local)``; ``config``: ``trainer.model``) returns a
+    dispatcher with
+
+    - ``dispatch(x [T, H], topk_idx [T, k] int64, topk_weight [T, k] float32)`` ->
+      ``(x_local [N, H], counts [E_local] int64, handle)``: the token copies routed to this
+      rank's experts, grouped by local expert in ascending order, and how many each got;
+    - ``combine(y_local [N, H], handle)`` -> ``[T, H]``: for every token, the sum over its k
+      choices of ``topk_weight`` times that expert's output.
+
+    Both are differentiable (in ``x``, ``y_local`` and ``topk_weight``) and collective over
+    ``group``. The contract tests in ``prime_plugin_ep.contract`` check any backend.
     """
 
     make: Callable[..., Any]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prime_core.errors import PluginError
+from prime_core.specs import Applied
 from prime_core.trainer.model import resolve_impl
 
 ORDER = ("lora", "ep", "cp", "ac", "ac_offloading", "compile", "fsdp")
@@ -32,6 +33,8 @@ class Policy:
     exporter: Any = None
     """``exporter(model, world)``: what is published instead of the full weights (LoRA's
     ``Adapter``), set by the strategy that returned it."""
+    before_step: list = field(default_factory=list)
+    """``hook(model)`` calls before each gradient clipping and optimizer step (``Applied``)."""
 
 
 def requested(model_config) -> list[str]:
@@ -74,19 +77,24 @@ def build_policy(model_config, manager, world, *, only: set[str] | None = None) 
     policy = Policy(model=model, impl=impl.name, hf_config=getattr(model, "config", None))
     if policy.hf_config is not None:
         policy.hf_config.dtype = model_config.dtype  # what published checkpoints hold
+    # Rank 0's full tensors, taken before any strategy slices them (EP keeps a part of the
+    # experts on each rank); every rank gets its part from them once the model is sharded.
+    original = model.state_dict() if world.size > 1 and world.main else None
     full = None
     for name in names + (["fsdp"] if use_fsdp else []):
-        if name == "fsdp" and world.size > 1 and world.main:
+        if name == "fsdp" and original is not None:
             from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-            full = get_model_state_dict(policy.model)  # before sharding: rank 0's full tensors
+            # LoRA renames the layers it wraps; what it adds or renames is whole on rank 0 already.
+            full = {key: original.get(_clean(key), value) for key, value in get_model_state_dict(policy.model).items()}
         spec = manager.select("parallel_strategies", name, key=KEYS[name])
-        mesh = None
-        if {"dp_shard", "dp_replicate"} & set(spec.mesh_dims):
-            mesh = world.meshes.get("dp") or distributed.data_parallel_mesh(world, model_config.dp_replicate)
+        mesh = distributed.mesh_for(world, spec.mesh_dims, model_config)
         result = spec.apply(policy.model, mesh=mesh, config=model_config, world=world)
-        if isinstance(result, tuple):  # (model, exporter): the strategy decides what is published
-            result, policy.exporter = result
+        if isinstance(result, Applied):
+            policy.exporter = result.exporter or policy.exporter
+            if result.before_step is not None:
+                policy.before_step.append(result.before_step)
+            result = result.model
         policy.model = result
         policy.applied.append(name)
     if not use_fsdp:
@@ -103,10 +111,23 @@ def _broadcast_weights(model, full: dict | None, world, *, offloaded: bool) -> N
 
     if not world.main:
         model.to_empty(device="cpu" if offloaded else world.device)
+    elif not offloaded:
+        _to_device(model, world.device)
     set_model_state_dict(model, full or {}, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     # Buffers outside the state dict (rotary frequencies) were never initialised on meta ranks.
     for buffer in model.buffers():
         dist.broadcast(buffer, src=0)
+
+
+def _to_device(model, device) -> None:
+    """Move what FSDP did not (parameters another strategy owns) to ``device``."""
+    import torch
+
+    for module in model.modules():
+        for key, param in module._parameters.items():
+            if param is not None and param.device != device:
+                module._parameters[key] = torch.nn.Parameter(param.detach().to(device),
+                                                             requires_grad=param.requires_grad)
 
 
 def full_state_dict(policy: Policy, world) -> dict | None:
@@ -133,12 +154,13 @@ _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_offload_wrapped
 
 def clean_names(state: dict) -> dict:
     """Drop the name parts wrappers add (checkpointing, compile, offloading)."""
-    out = {}
-    for key, value in state.items():
-        for part in _WRAPPER_PARTS:
-            key = key.replace(part, "")
-        out[key] = value
-    return out
+    return {_clean(key): value for key, value in state.items()}
+
+
+def _clean(key: str) -> str:
+    for part in _WRAPPER_PARTS:
+        key = key.replace(part, "")
+    return key
 
 
 @dataclass

@@ -42,19 +42,35 @@ def block_causal_mask(position_ids):
 
 def token_logprobs(model, input_ids, position_ids, *, temperature: float = 1.0, with_entropy: bool = True):
     """Log-probability of every token given its prefix (position 0 gets 0) and the
-    entropy of each predictive distribution, at ``temperature``. Shapes ``[L]``, float32.
-
-    A row holding one sample uses plain causal attention (the fast kernels); a packed row
-    gets the block-diagonal mask. The log-softmax never exists in full: see ``TokenLogProb``.
-    """
+    entropy of each predictive distribution, at ``temperature``. Shapes ``[L]``, float32."""
     import torch
 
-    single = bool((position_ids[0, 1:] != 0).all())
-    mask = None if single else block_causal_mask(position_ids)
-    logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=False).logits
-    logp, entropy = token_logprob_fn()(logits[0, :-1], input_ids[0, 1:], float(temperature), with_entropy)
+    targets = torch.roll(input_ids[0], -1)
+    logp, entropy = predicted_logprobs(model, input_ids, position_ids, targets, temperature=temperature,
+                                       with_entropy=with_entropy)
     zero = logp.new_zeros(1)
-    return torch.cat([zero, logp]), (torch.cat([zero, entropy]) if with_entropy else None)
+    return torch.cat([zero, logp[:-1]]), (torch.cat([zero, entropy[:-1]]) if with_entropy else None)
+
+
+def predicted_logprobs(model, input_ids, position_ids, targets, *, packing=None, temperature: float = 1.0,
+                       with_entropy: bool = True):
+    """At every input position j: log p(``targets[j]`` | the tokens up to j) and the entropy
+    of that prediction, at ``temperature``. Shapes ``[L]``, float32.
+
+    Models that take a ``Packing`` (native implementations) get it (derived from the position
+    ids when not given: the whole row); others get a block-diagonal mask for a packed row and
+    plain causal attention (the fast kernels) for a row holding one sample. The log-softmax
+    never exists in full: see ``TokenLogProb``.
+    """
+    if getattr(model, "accepts_packing", False):
+        logits = model(input_ids=input_ids, position_ids=position_ids, packing=packing).logits
+    else:
+        assert packing is None, "a split row needs a model implementation that takes a Packing"
+        single = bool((position_ids[0, 1:] != 0).all())
+        mask = None if single else block_causal_mask(position_ids)
+        logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=False).logits
+    logp, entropy = token_logprob_fn()(logits[0], targets, float(temperature), with_entropy)
+    return logp, (entropy if with_entropy else None)
 
 
 _FN = None

@@ -106,13 +106,36 @@ def build_scheduler(optimizer, scheduler_config, max_steps: int | None):
 
 
 def clip_and_step(model, optimizer, scheduler, max_norm: float | None) -> float:
-    import torch
-
-    params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
-    if hasattr(norm, "full_tensor"):  # sharded gradients give a DTensor norm
-        norm = norm.full_tensor()
+    norm = clip_grad_norm([p for p in model.parameters() if p.grad is not None], max_norm)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(norm)
+    return norm
+
+
+def clip_grad_norm(params: list, max_norm: float | None) -> float:
+    """Scale the gradients so that their global 2-norm is at most ``max_norm``; returns the
+    norm before clipping. Parameters may be sharded over different meshes (FSDP's, and EP's
+    experts): the norm is taken per mesh, reduced over that mesh's shards, then combined."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    groups: dict[int | None, list] = {}
+    for param in params:
+        mesh = param.grad.device_mesh if isinstance(param.grad, DTensor) else None
+        groups.setdefault(None if mesh is None else id(mesh), []).append(param)
+    squares = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group])
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        squares.append(norm.float().pow(2))
+    if not squares:
+        return 0.0
+    total = torch.stack(squares).sum().sqrt()
+    if max_norm:
+        with implicit_replication():
+            for group in groups.values():
+                torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+    return float(total)

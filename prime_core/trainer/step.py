@@ -49,19 +49,54 @@ def train_step(training, rows: list[dict], *, max_norm: float | None, loss_fn=No
                temperature: float = 1.0) -> dict:
     """One optimizer step over this rank's share of ``rows`` (the whole step's packed rows):
     returns the sums over all ranks, plus ``grad_norm``, ``loss_tokens`` and this rank's
-    ``rows`` (padding included)."""
+    ``rows`` (padding included). The ranks of a context-parallel group share their rows and
+    each computes its part of every row."""
     from prime_core import distributed
     from prime_core.trainer.optim import clip_and_step
 
     world = training.world
+    cp = distributed.cp_size(world)
     total = sum(sum(row["loss_mask"]) for row in rows)
-    mine = share(rows, world.rank, world.size)
+    mine = share(rows, world.rank // cp, world.size // cp)
     sums = forward_backward(training.policy.model, mine, total_loss_tokens=total, world=world, loss_fn=loss_fn,
                             loss_kwargs=loss_kwargs, temperature=temperature)
     keys = sorted(sums)
     sums = dict(zip(keys, distributed.all_reduce([sums[k] for k in keys], world), strict=True))
+    for hook in training.policy.before_step:
+        hook(training.policy.model)
     sums["grad_norm"] = clip_and_step(training.policy.model, training.optimizer, training.scheduler, max_norm)
     return {**sums, "loss_tokens": total, "rows": mine}
+
+
+def prediction_tensors(row: dict, device, cp_rank: int = 0, cp: int = 1):
+    """The row as the model sees it, aligned with predictions: at input position j the
+    target is token j + 1, and the loss mask, advantage and inference log-probability are
+    that target's. With context parallelism the row is padded to a multiple of ``2 * cp``
+    (padding is its own sample, with a zero loss mask) and this CP rank keeps its tokens
+    (``packing.cp_indices``). Returns ``(tensors, packing)``; ``packing`` is ``None`` for a
+    whole row."""
+    import torch
+
+    from prime_core.trainer import packing as packing_
+
+    t = row_tensors(row, device)
+    ids = t.pop("input_ids")
+    positions = t.pop("position_ids")
+    out = {"targets": torch.roll(ids, -1)}
+    for key, value in t.items():  # per-target values move to the position that predicts them
+        out[key] = torch.cat([value[1:], value.new_zeros(1)])
+    if cp == 1:
+        return {"input_ids": ids, "position_ids": positions, **out}, None
+    length = packing_.pad_to(len(ids), 2 * cp)
+    pad = length - len(ids)
+    if pad:
+        ids = torch.cat([ids, ids.new_zeros(pad)])
+        positions = torch.cat([positions, torch.arange(pad, device=device)])
+        out = {key: torch.cat([value, value.new_zeros(pad)]) for key, value in out.items()}
+    whole = packing_.Packing.from_position_ids(positions)
+    local = packing_.cp_indices(length, cp_rank, cp, device=device)
+    tensors = {"input_ids": ids[local], "position_ids": positions[local], **{k: v[local] for k, v in out.items()}}
+    return tensors, whole.select(local)
 
 
 def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, loss_fn=None,
@@ -69,15 +104,18 @@ def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, 
     """Forward and backward over this rank's rows; the loss is normalised by the loss tokens
     of the whole step on every rank. With ``loss_fn`` the RL loss is used, otherwise the
     negative log-likelihood (SFT). Returns this rank's sums (reduce them across ranks)."""
-    from prime_core.trainer.model import token_logprobs
+    from prime_core import distributed
+    from prime_core.trainer.model import predicted_logprobs
 
+    cp = distributed.cp_size(world)
+    cp_rank = world.rank % cp
     norm = max(1, total_loss_tokens)
     scale = world.size / norm  # data-parallel gradient reduction averages over ranks; the loss sums
     sums = {"loss": 0.0, "entropy": 0.0, "mismatch_kl": 0.0, "is_masked": 0.0, "tokens": 0.0}
     for row in rows:
-        t = row_tensors(row, world.device)
-        logp, entropy = token_logprobs(model, t["input_ids"][None], t["position_ids"][None],
-                                       temperature=temperature, with_entropy=loss_fn is not None)
+        t, packing = prediction_tensors(row, world.device, cp_rank, cp)
+        logp, entropy = predicted_logprobs(model, t["input_ids"][None], t["position_ids"][None], t["targets"],
+                                           packing=packing, temperature=temperature, with_entropy=loss_fn is not None)
         mask = t["loss_mask"]
         if loss_fn is None:
             per_token, extra = -logp, {}
@@ -87,7 +125,7 @@ def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, 
         loss.backward()
         sums["loss"] += float(loss.detach()) / world.size
         if not row.get("padding"):
-            sums["tokens"] += len(row["input_ids"])
+            sums["tokens"] += len(row["input_ids"]) / cp
         if entropy is not None:
             sums["entropy"] += float((entropy * mask).sum()) / norm
         for key in ("mismatch_kl", "is_masked"):

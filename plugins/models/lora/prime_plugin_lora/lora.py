@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+from prime_core.specs import Applied
+
 PREFIX = "base_model.model."
 
 
@@ -36,7 +38,7 @@ def _lora_linear_class():
 
 
 def apply(model, *, config, **_):
-    """Wrap the target layers and freeze the rest; returns ``(model, exporter)``."""
+    """Wrap the target layers and freeze the rest; the adapter alone is what gets published."""
     from torch import nn
 
     from prime_core.trainer.model import transformer_blocks
@@ -70,7 +72,7 @@ def apply(model, *, config, **_):
     def export(model, world):
         return adapter_state(model, world, adapter_config)
 
-    return model, export
+    return Applied(model, exporter=export)
 
 
 def adapter_state(model, world, adapter_config: dict):

@@ -39,7 +39,8 @@ def test_only_adapters_train_and_they_start_as_the_base_model():
     base = _model()
     before = base(ids).logits.detach()
     frozen = {k: v.clone() for k, v in base.state_dict().items()}
-    model, export = apply(_model(), config=TrainerModelConfig(name="m", lora={"rank": 4, "alpha": 8}))
+    applied = apply(_model(), config=TrainerModelConfig(name="m", lora={"rank": 4, "alpha": 8}))
+    model, export = applied.model, applied.exporter
     assert torch.allclose(model(ids).logits, before)  # B = 0
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
@@ -91,7 +92,8 @@ def test_merged_adapter_gives_the_trained_models_outputs(tmp_path, prime_cli):
     from prime_plugin_lora.lora import apply
 
     _model().save_pretrained(tmp_path / "base")
-    model, export = apply(_model(), config=TrainerModelConfig(name="m", lora={"rank": 4, "alpha": 8}))
+    applied = apply(_model(), config=TrainerModelConfig(name="m", lora={"rank": 4, "alpha": 8}))
+    model, export = applied.model, applied.exporter
     with torch.no_grad():
         for name, param in model.named_parameters():
             if ".lora_B." in name:

@@ -5,7 +5,8 @@ hands over a 2-D mesh (``trainer.model.dp_replicate`` > 1). Each transformer blo
 FSDP unit, then the root (embeddings, final norm, LM head). Mixed precision computes in
 ``trainer.model.dtype`` with master weights in ``optimization_dtype`` and gradients reduced in
 ``reduce_dtype``; ``fsdp_cpu_offload`` keeps parameters, gradients and optimizer state in
-(pinned) CPU memory.
+(pinned) CPU memory. Parameters that are already DTensors when FSDP comes (expert-parallel
+experts) are left to the strategy that distributed them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ PRIME_PLUGIN_API = 1
 def apply(model, *, mesh, config, world):
     import torch
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.tensor import DTensor
 
     from prime_core.trainer.model import transformer_blocks
 
@@ -27,13 +29,16 @@ def apply(model, *, mesh, config, world):
     mixed = MixedPrecisionPolicy(param_dtype=None if compute == master else compute,
                                  reduce_dtype=getattr(torch, config.reduce_dtype))
     offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if config.fsdp_cpu_offload else OffloadPolicy()
+    # Parameters an earlier strategy distributed (EP's experts) belong to it.
+    ignored = {p for p in model.parameters() if isinstance(p, DTensor)} or None
     blocks = transformer_blocks(model)
     for index, block in enumerate(blocks):
         # The last block's parameters are needed again right away by the backward pass.
         reshard = config.reshard_after_forward and index < len(blocks) - 1
-        fully_shard(block, mesh=mesh, mp_policy=mixed, offload_policy=offload, reshard_after_forward=reshard)
+        fully_shard(block, mesh=mesh, mp_policy=mixed, offload_policy=offload, reshard_after_forward=reshard,
+                    ignored_params=ignored)
     fully_shard(model, mesh=mesh, mp_policy=mixed, offload_policy=offload,
-                reshard_after_forward=config.reshard_after_forward)
+                reshard_after_forward=config.reshard_after_forward, ignored_params=ignored)
     return model
 
 
