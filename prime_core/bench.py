@@ -85,8 +85,16 @@ def measured_peak(device, dtype: str, size: int = 1024, seconds: float = 0.5) ->
 
 
 def matmul_params(model, hf_config) -> int:
-    """``N`` above, from the full (unsharded) parameter shapes."""
-    total = sum(p.numel() for p in model.parameters())  # DTensor.numel() is the global size
+    """``N`` above, from the full (unsharded) parameter shapes. In a mixture of experts only
+    the ``k`` of ``E`` experts a token is routed to count (active parameters)."""
+    total = experts = 0
+    for name, param in model.named_parameters():
+        total += param.numel()  # DTensor.numel() is the global size
+        if ".experts." in name:
+            experts += param.numel()
+    num_experts = getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)
+    if experts and num_experts:
+        total -= experts - experts * getattr(hf_config, "num_experts_per_tok", num_experts) // num_experts
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     embed_numel = embed.weight.numel() if embed is not None else 0
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
@@ -177,8 +185,9 @@ class BenchMeter:
 
         synchronize(self.world.device)
         elapsed = time.perf_counter() - started
-        tokens = sum(len(r["input_ids"]) for r in rows if not r.get("padding"))
-        flops = step_flops(rows, self.n_params, self.hf_config)
+        cp = distributed.cp_size(self.world)  # the ranks of a CP group hold the same rows
+        tokens = sum(len(r["input_ids"]) for r in rows if not r.get("padding")) / cp
+        flops = step_flops(rows, self.n_params, self.hf_config) / cp
         tokens, flops = distributed.all_reduce([tokens, flops], self.world)
         (elapsed,) = distributed.all_reduce([elapsed], self.world, "max")
         if step > self.config.warmup_steps:

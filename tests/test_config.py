@@ -159,8 +159,9 @@ def test_exclusive_offloads_are_refused():
     (["--trainer.model.impl", "hf", "--trainer.model.ep", "2"], "ep = 2 needs impl = 'custom'"),
     (["--trainer.model.impl", "hf", "--trainer.model.cp", "2", "--trainer.model.attn", "flash_attention_2"],
      "cp = 2 needs impl = 'custom'"),
-    (["--trainer.model.impl", "custom", "--trainer.model.cp", "2", "--trainer.model.attn", "sdpa"],
-     "cp_style = 'ring' needs flash attention"),
+    (["--trainer.model.impl", "custom", "--trainer.model.cp", "2"], "cp = 2 does not divide the 1 trainer"),
+    (["--trainer.model.impl", "custom", "--trainer.model.ep", "4", "--deployment.num-train-gpus", "6"],
+     "ep = 4 does not divide the 6 trainer"),
     (["--trainer.model.ac.mode", "selective", "--trainer.model.ac.targets", '["norms"]'], "targets"),
 ])
 def test_combinations_the_docs_rule_out_are_refused(args, message):

@@ -18,7 +18,8 @@ from prime_core.config.base import Section, Toggle
 from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, WandbSection, WeightBroadcastConfig
 from prime_core.inference.config import InferenceConfig
 from prime_core.bench import BenchConfig
-from prime_core.launch.config import Deployment, SingleNodeDeployment, infer_deployment_type
+from prime_core.launch.config import (Deployment, SingleNodeDeployment, check_degrees, infer_deployment_type,
+                                      trainer_processes)
 from prime_core.orchestrator.config import OrchestratorConfig
 from prime_core.trainer.config import TrainerConfig
 
@@ -87,6 +88,13 @@ class RLConfig(Section):
     """Extra environment variables for every role process."""
     required_plugins: list[str] = Field(default_factory=list)
     """Plugin names that must be installed and active, e.g. ``["deepep"]``."""
+
+    @model_validator(mode="after")
+    def _degrees_fit(self) -> RLConfig:
+        where = ("deployment.num_train_gpus" if self.deployment.type == "single_node"
+                 else "deployment.num_train_nodes × gpus_per_node")
+        check_degrees(self.trainer.model, trainer_processes(self.deployment), "trainer.model", where)
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -70,3 +70,20 @@ SFTDeployment = Annotated[SFTSingleNodeDeployment | SFTMultiNodeDeployment, Fiel
 InferenceDeployment = Annotated[
     InferenceSingleNodeDeployment | InferenceMultiNodeDeployment, Field(discriminator="type")
 ]
+
+
+def trainer_processes(deployment) -> int:
+    """How many trainer processes a deployment starts (RL or SFT)."""
+    if deployment.type == "single_node":
+        return getattr(deployment, "num_train_gpus", None) or getattr(deployment, "num_gpus", 1)
+    nodes = getattr(deployment, "num_train_nodes", None) or getattr(deployment, "num_nodes", 1)
+    return nodes * deployment.gpus_per_node
+
+
+def check_degrees(model, processes: int, prefix: str, where: str) -> None:
+    """Refuse parallel degrees that do not divide the trainer processes."""
+    problems = [f"{prefix}.{key} = {degree} does not divide the {processes} trainer processes ({where})"
+                for key, degree in (("dp_replicate", model.dp_replicate), ("cp", model.cp), ("ep", model.ep))
+                if degree > 1 and processes % degree]
+    if problems:
+        raise ValueError("; ".join(problems) + ": change the degree or the number of GPUs")

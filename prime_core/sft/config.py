@@ -10,7 +10,8 @@ from pydantic import Field, model_validator
 from prime_core.bench import BenchConfig
 from prime_core.config.base import ExistingFile, Section, Toggle
 from prime_core.config.shared import CkptConfig, LogConfig, WandbSection
-from prime_core.launch.config import SFTDeployment, SFTSingleNodeDeployment, infer_deployment_type
+from prime_core.launch.config import (SFTDeployment, SFTSingleNodeDeployment, check_degrees, infer_deployment_type,
+                                      trainer_processes)
 from prime_core.trainer.config import OptimConfig, SchedulerConfig, TrainerModelConfig
 
 
@@ -51,6 +52,12 @@ class SFTConfig(Section):
 
     bench: Toggle[BenchConfig] = None
     """``--bench``: time a few steps on fake data and print step time, tokens/s, MFU and memory."""
+
+    @model_validator(mode="after")
+    def _degrees_fit(self) -> SFTConfig:
+        where = "deployment.num_gpus" if self.deployment.type == "single_node" else "deployment.num_nodes × gpus_per_node"
+        check_degrees(self.model, trainer_processes(self.deployment), "model", where)
+        return self
 
     @model_validator(mode="after")
     def _rl_only_keys(self) -> SFTConfig:

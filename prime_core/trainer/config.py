@@ -102,12 +102,6 @@ class TrainerModelConfig(ModelRef):
             if degree > 1 and self.impl == "hf":
                 problems.append(f"{key} = {degree} needs impl = 'custom' (or 'auto' for a supported family): "
                                 "the Hugging Face implementation has no expert/context parallel layers")
-        # Only an explicit non-flash kernel: the seeds' recipes leave attn to the CP plugin's choice.
-        if (self.cp > 1 and self.cp_style == "ring" and "attn" in self.model_fields_set
-                and not self.attn.startswith("flash_attention")):
-            problems.append(f"cp = {self.cp} with cp_style = 'ring' needs flash attention (attn = "
-                            f"'flash_attention_2' or '_3'), not attn = '{self.attn}'; use cp_style = 'ulysses' "
-                            "for other kernels")
         if problems:
             raise ValueError("; ".join(problems))
         return self

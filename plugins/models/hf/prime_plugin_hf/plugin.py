@@ -25,12 +25,16 @@ def tiny(
     head_dim: int = typer.Option(32, help="Head size (vLLM on CPU needs 32, 64, 80, ...)."),
     dtype: str = typer.Option("float32", help="float32 or bfloat16."),
     seed: int = typer.Option(0, help="Initialisation seed."),
+    num_experts: int = typer.Option(0, help="Experts per MoE layer (0: a dense Qwen3; else a Qwen3-MoE)."),
+    experts_per_token: int = typer.Option(2, help="Experts each token is routed to (MoE)."),
 ) -> None:
-    """Build a small random Qwen3 model and a byte-level tokenizer with a chat template (no downloads)."""
+    """Build a small random Qwen3 (or Qwen3-MoE) model and a byte-level tokenizer with a chat
+    template (no downloads)."""
     from prime_plugin_hf.tiny import build_tiny
 
     path = build_tiny(out, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
-                      num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, seed=seed)
+                      num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, seed=seed,
+                      num_experts=num_experts, experts_per_token=experts_per_token)
     typer.echo(f"wrote {path}")
 
 

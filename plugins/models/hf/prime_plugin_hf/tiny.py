@@ -44,10 +44,12 @@ def build_tokenizer():
 
 def build_tiny(out: str | Path, *, hidden_size: int = 128, num_layers: int = 2, num_heads: int = 4,
                num_kv_heads: int = 2, head_dim: int = 32, intermediate_size: int | None = None,
-               max_position_embeddings: int = 4096, dtype: str = "float32", seed: int = 0) -> Path:
-    """Write a tiny Qwen3 model plus tokenizer to ``out`` and return the folder."""
+               max_position_embeddings: int = 4096, dtype: str = "float32", seed: int = 0,
+               num_experts: int = 0, experts_per_token: int = 2, moe_intermediate_size: int | None = None) -> Path:
+    """Write a tiny Qwen3 model (Qwen3-MoE with ``num_experts`` > 0) plus tokenizer to ``out``
+    and return the folder."""
     import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     if head_dim not in VLLM_CPU_HEAD_DIMS:
         raise ValueError(f"head_dim {head_dim} is not served by vLLM on CPU; use one of {VLLM_CPU_HEAD_DIMS}")
@@ -58,14 +60,23 @@ def build_tiny(out: str | Path, *, hidden_size: int = 128, num_layers: int = 2, 
     vocab_size = -(-len(tokenizer) // 64) * 64  # round up: friendlier matrix shapes
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad = tokenizer.convert_tokens_to_ids("<|pad|>")
-    config = Qwen3Config(
+    shape = dict(
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size or 2 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
         head_dim=head_dim, max_position_embeddings=max_position_embeddings, tie_word_embeddings=True,
         eos_token_id=eos, pad_token_id=pad, bos_token_id=None,
     )
+    if num_experts:
+        if not 0 < experts_per_token <= num_experts:
+            raise ValueError(f"experts_per_token ({experts_per_token}) must be between 1 and num_experts ({num_experts})")
+        config = Qwen3MoeConfig(**shape, num_experts=num_experts, num_experts_per_tok=experts_per_token,
+                                moe_intermediate_size=moe_intermediate_size or hidden_size // 2,
+                                decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+        family = Qwen3MoeForCausalLM
+    else:
+        config, family = Qwen3Config(**shape), Qwen3ForCausalLM
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).to(getattr(torch, dtype))
+    model = family(config).to(getattr(torch, dtype))
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Expert and context parallelism on the GPU machine, through the same code as
+``prime trainer --bench`` (the core's build order, FSDP2, bf16 compute, fp32 master weights,
+AdamW, the RL loss on fake samples).
+
+    # a Qwen3-MoE-shaped model of a few billion parameters, EP against plain FSDP on the same GPUs
+    torchrun --nproc-per-node 4 benchmarks/parallel_bench.py moe --ep 4 --seq-len 8192 --out $OUT
+    torchrun --nproc-per-node 4 benchmarks/parallel_bench.py moe --ep 1 --seq-len 8192 --out $OUT
+    # a Qwen3-1.7B-shaped model, context parallel: tokens/s per length, stopping at the first OOM
+    torchrun --nproc-per-node 4 benchmarks/parallel_bench.py cp --cp 4 --style ulysses \
+        --seq-lens 32768 65536 131072 --out $OUT
+    python3 benchmarks/parallel_bench.py table --out $OUT
+
+Models are random-weight checkpoints written once (rank 0) under ``--model-root``. For MoE runs
+the share of the step the GPU spends in expert all-to-all kernels (dispatch and combine,
+forward and backward) is read from a profiled step. Results: JSON lines in
+``OUT/parallel.jsonl``. ``--tiny`` shrinks every model for a CPU smoke test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+MOE = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+           intermediate_size=6144, moe_intermediate_size=768, num_experts=64, num_experts_per_tok=8,
+           vocab_size=151936, tie_word_embeddings=True, rope_theta=1_000_000.0, max_position_embeddings=262144,
+           rms_norm_eps=1e-6, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+DENSE = dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+             intermediate_size=6144, vocab_size=151936, tie_word_embeddings=True, rope_theta=1_000_000.0,
+             max_position_embeddings=262144, rms_norm_eps=1e-6)
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+            intermediate_size=128, moe_intermediate_size=32, vocab_size=512)
+
+
+def make_model(folder: Path, kind: str, tiny: bool, world) -> Path:
+    """Write the random checkpoint on rank 0 (once); every rank waits for it."""
+    from prime_core import distributed
+
+    if world.main and not (folder / "config.json").exists():
+        import torch
+        from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+        shape = {**(MOE if kind == "moe" else DENSE), **(TINY if tiny else {})}
+        if kind != "moe":
+            shape = {k: v for k, v in shape.items() if k != "moe_intermediate_size"}
+        config, family = ((Qwen3MoeConfig(**shape), Qwen3MoeForCausalLM) if kind == "moe"
+                          else (Qwen3Config(**shape), Qwen3ForCausalLM))
+        torch.manual_seed(0)
+        with torch.device(world.device):
+            model = family(config).to(torch.bfloat16)
+        model.save_pretrained(folder, safe_serialization=True)
+        del model
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    distributed.barrier(world)
+    return folder
+
+
+def all_to_all_share(training, batch, loss_fn) -> float:
+    """GPU time in all-to-all (send/recv) kernels over the whole GPU time of one step."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from prime_core.trainer.step import train_step
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        train_step(training, batch["micro_batches"], max_norm=1.0, loss_fn=loss_fn)
+        torch.cuda.synchronize()
+    total = comm = 0.0
+    for event in prof.key_averages():
+        time_us = getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
+        if event.key.startswith(("ncclDevKernel", "ncclKernel")) or "nccl" in event.key.lower():
+            if "SendRecv" in event.key or "AllToAll" in event.key:
+                comm += time_us
+        if getattr(event, "device_type", None) is not None and "CUDA" in str(event.device_type):
+            total += time_us
+    return comm / total if total else 0.0
+
+
+def worker(args) -> int:
+    import random
+
+    import torch
+
+    from prime_core import distributed
+    from prime_core.bench import BenchConfig, BenchMeter
+    from prime_core.plugins import get_plugin_manager
+    from prime_core.trainer.build import start_training
+    from prime_core.trainer.config import TrainerConfig
+    from prime_core.trainer.fake import FakeDataConfig, fake_batch
+    from prime_core.trainer.step import train_step
+
+    world = distributed.init()
+    kind = args.mode
+    folder = make_model(args.model_root / f"{kind}{'-tiny' if args.tiny else ''}", kind, args.tiny, world)
+    model = {"name": str(folder), "impl": "custom", "dtype": "bfloat16" if torch.cuda.is_available() else "float32"}
+    if kind == "moe":
+        model.update(ep=args.ep)
+        label = {"kind": "moe", "config": f"ep{args.ep}" if args.ep > 1 else "fsdp"}
+    else:
+        model.update(cp=args.cp, cp_style=args.style, ac={"freq": 1})
+        label = {"kind": "cp", "config": f"cp{args.cp}-{args.style}" if args.cp > 1 else "cp1"}
+    seq_lens = args.seq_lens
+    config = TrainerConfig(model=model, optim={"lr": 1e-6}, output_dir=args.out / "run", seq_len=max(seq_lens))
+    manager = get_plugin_manager()
+    loss_fn = manager.select("algorithms", "loss:default").fn
+    started = time.perf_counter()
+    training = start_training(config, "trainer", max_steps=None, seed=0, manager=manager)
+    build_s = time.perf_counter() - started
+    groups = world.size // distributed.cp_size(world)
+    for seq_len in seq_lens:
+        bench = BenchConfig(warmup_steps=args.warmup, steps=args.steps)
+        meter = BenchMeter(bench, world=world, model=training.policy.model, hf_config=training.policy.hf_config,
+                           dtype=model["dtype"], label={**label, "seq_len": seq_len})
+        fake = FakeDataConfig(batch_size=args.samples_per_group * groups, length="fixed")
+        rng = random.Random(0)
+        record = {**label, "seq_len": seq_len, "build_s": build_s, "devices": world.size}
+        try:
+            for step in range(1, bench.total_steps + 1):
+                batch = fake_batch(fake, seq_len, training.policy.hf_config.vocab_size, rng)
+                t0 = meter.start_step(step)
+                sums = train_step(training, batch["micro_batches"], max_norm=1.0, loss_fn=loss_fn)
+                meter.end_step(step, t0, sums["rows"])
+            record.update(meter.result())
+            if kind == "moe" and args.ep > 1 and torch.cuda.is_available():
+                record["all_to_all_share"] = all_to_all_share(training, batch, loss_fn)
+        except torch.OutOfMemoryError:
+            record.update({"oom": True})
+            training.optimizer.zero_grad(set_to_none=True)
+        if world.main:
+            with open(args.out / "parallel.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+            shown = "OOM" if record.get("oom") else (
+                f"{record['tokens_per_s']:,.0f} tok/s, MFU {100 * record['mfu']:.1f} %, "
+                f"peak {record['peak_memory_gib']:.1f} GiB"
+                + (f", all-to-all {100 * record['all_to_all_share']:.1f} % of GPU time"
+                   if "all_to_all_share" in record else ""))
+            print(f"{label['kind']} {label['config']} seq {seq_len} on {world.size}: {shown}", flush=True)
+        import gc
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if record.get("oom"):
+            break
+    distributed.shutdown()
+    return 0
+
+
+def table(out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = [json.loads(line) for line in (out / "parallel.jsonl").read_text().splitlines() if line.strip()]
+    grid = Table(title="expert and context parallelism")
+    for column in ("kind", "config", "GPUs", "seq", "tok/s", "tok/s/GPU", "MFU", "peak GiB", "all-to-all"):
+        grid.add_column(column, justify="right")
+    for r in rows:
+        if r.get("oom"):
+            grid.add_row(r["kind"], r["config"], str(r["devices"]), str(r["seq_len"]), "OOM", "", "", "", "")
+            continue
+        share = f"{100 * r['all_to_all_share']:.1f} %" if "all_to_all_share" in r else ""
+        grid.add_row(r["kind"], r["config"], str(r["devices"]), str(r["seq_len"]), f"{r['tokens_per_s']:,.0f}",
+                     f"{r['tokens_per_s'] / r['devices']:,.0f}", f"{100 * r['mfu']:.1f} %",
+                     f"{r['peak_memory_gib']:.1f}", share)
+    Console(width=140).print(grid)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=("moe", "cp", "table"))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model-root", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "prime-bench-models")
+    parser.add_argument("--ep", type=int, default=1)
+    parser.add_argument("--cp", type=int, default=1)
+    parser.add_argument("--style", choices=("ring", "ulysses"), default="ulysses")
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[8192])
+    parser.add_argument("--samples-per-group", type=int, default=1, help="samples per data-parallel group and step")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--tiny", action="store_true", help="a small model: smoke test on a CPU")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.mode == "table":
+        table(args.out)
+        return 0
+    return worker(args)
+
+
+if __name__ == "__main__":
+    from prime_core.distributed import exit_process
+
+    exit_process(main())
