@@ -43,7 +43,7 @@ def run_case(case: dict, model_dir: str, out_dir: Path, *, reference: bool, save
     from prime_core.trainer.step import train_step
 
     manager = get_plugin_manager()
-    model_config = TrainerModelConfig(name=model_dir, impl="hf", dtype="float32", **case.get("model", {}))
+    model_config = TrainerModelConfig(**{"name": model_dir, "impl": "hf", "dtype": "float32", **case.get("model", {})})
     optim_config = OptimConfig(**{"lr": 1e-2, "weight_decay": 0.01, **case.get("optim", {})})
     world.meshes.clear()
     torch.manual_seed(0)

@@ -7,8 +7,8 @@ merged in any order; ``block_backward`` recomputes the block's probabilities fro
 ``segment_ids`` only (``prime_core.trainer.packing.allowed``).
 
 Layout: q ``[Lq, Hq, D]``, k/v ``[Lk, Hkv, D]`` with query head ``h`` reading key/value head
-``h // (Hq // Hkv)``; the grouped heads are handled by a broadcasting matmul, so repeated
-keys/values are never materialised. Scores are computed in float32 (float64 for float64
+``h // (Hq // Hkv)``; each key head's query heads are stacked into one batched matmul, so
+repeated keys/values are never materialised. Scores are computed in float32 (float64 for float64
 inputs) and outputs come back in that accumulation dtype.
 """
 
@@ -31,32 +31,46 @@ def _rows_per_chunk(lq: int, lk: int, heads: int, itemsize: int, chunk_bytes: in
     return max(1, min(lq, chunk_bytes // max(1, lk * heads * itemsize)))
 
 
+def any_allowed(q_index, q_seg, k_index, k_seg):
+    """``[Q, B]`` bool, exactly: may some query of group ``i`` (rows of ``q_* [Q, r]``) attend
+    some key of group ``j`` (rows of ``k_* [B, Lk]``)? True iff, for some sample, the group's
+    first key comes no later than the other group's last query. Costs ``O(Q + B)`` per sample,
+    never ``r x Lk``."""
+    import torch
+
+    q_index, q_seg, k_index, k_seg = (t.long() for t in (q_index, q_seg, k_index, k_seg))
+    segments = int(torch.maximum(q_seg.max(), k_seg.max())) + 1
+    first_key = torch.full((k_index.shape[0], segments), torch.iinfo(torch.int64).max, dtype=torch.int64,
+                           device=k_index.device).scatter_reduce_(1, k_seg, k_index, "amin")
+    last_query = torch.full((q_index.shape[0], segments), -1, dtype=torch.int64,
+                            device=q_index.device).scatter_reduce_(1, q_seg, q_index, "amax")
+    return (first_key[None] <= last_query[:, None]).any(-1)
+
+
 def _live_chunks(q_index, q_seg, k_index, k_seg, rows: int) -> list[bool]:
-    """Per query chunk: whether any key might be allowed (a conservative test on bounds, one
-    host sync for all chunks). Dead chunks are skipped outright."""
+    """Per query chunk: whether any key is allowed (one host sync for all chunks). Dead chunks,
+    common under the zigzag split, are skipped outright."""
     import torch
 
     lq = q_index.numel()
     pad = (-lq) % rows
-    if pad:  # repeat the last token: it changes no chunk's bounds
+    if pad:  # repeat the last token: it changes no chunk's answer
         q_index = torch.cat([q_index, q_index[-1:].expand(pad)])
         q_seg = torch.cat([q_seg, q_seg[-1:].expand(pad)])
-    qi, qs = q_index.view(-1, rows), q_seg.view(-1, rows)
-    live = ((qi.amax(1) >= k_index.min()) & (qs.amax(1) >= k_seg.min()) & (qs.amin(1) <= k_seg.max()))
-    return live.tolist()
+    return any_allowed(q_index.reshape(-1, rows), q_seg.reshape(-1, rows), k_index[None], k_seg[None])[:, 0].tolist()
 
 
 def _group(x, hkv: int):
     """``[c, Hq, ...]`` -> ``[Hkv, G * c, ...]``: each key head's query heads stacked, so one
     batched matmul per key head serves its whole group."""
     c, hq = x.shape[:2]
-    return x.view(c, hkv, hq // hkv, *x.shape[2:]).movedim(0, 2).reshape(hkv, (hq // hkv) * c, *x.shape[2:])
+    return x.reshape(c, hkv, hq // hkv, *x.shape[2:]).movedim(0, 2).reshape(hkv, (hq // hkv) * c, *x.shape[2:])
 
 
 def _ungroup(x, c: int):
     """``[Hkv, G * c, ...]`` -> ``[c, Hq, ...]``."""
     hkv, gc = x.shape[:2]
-    return x.view(hkv, gc // c, c, *x.shape[2:]).movedim(2, 0).reshape(c, hkv * (gc // c), *x.shape[2:])
+    return x.reshape(hkv, gc // c, c, *x.shape[2:]).movedim(2, 0).reshape(c, hkv * (gc // c), *x.shape[2:])
 
 
 def _masked_scores(qg, k_t, q_index, q_seg, k_index, k_seg, scale):

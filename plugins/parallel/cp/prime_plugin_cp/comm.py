@@ -9,7 +9,7 @@ def rank_and_size(group) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def gather_packing(packing, group):
+def gather_packing(index, segment_ids, group):
     """``[n, 2, L]`` int64: every CP rank's ``(index, segment_ids)``, in group-rank order.
 
     Every rank of a CP group holds the same number of tokens (``cp_indices`` splits a padded
@@ -17,7 +17,7 @@ def gather_packing(packing, group):
     import torch
     import torch.distributed as dist
 
-    mine = torch.stack([packing.index.reshape(-1), packing.segment_ids.reshape(-1)]).to(torch.int64).contiguous()
+    mine = torch.stack([index.reshape(-1), segment_ids.reshape(-1)]).to(torch.int64).contiguous()
     n = dist.get_world_size(group)
     parts = [torch.empty_like(mine) for _ in range(n)]
     dist.all_gather(parts, mine, group=group)

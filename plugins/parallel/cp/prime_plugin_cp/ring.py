@@ -17,7 +17,7 @@ never attend (all keys later, or other samples) with one host sync.
 
 from __future__ import annotations
 
-from prime_plugin_cp.block import EAGER, acc_dtype
+from prime_plugin_cp.block import EAGER, acc_dtype, any_allowed
 from prime_plugin_cp.comm import gather_packing, rank_and_size, shift, wait
 
 _KV_TAG, _GRAD_TAG = 0, 1
@@ -30,15 +30,16 @@ def ring_attention(q, k, v, packing, scale, group, *, kernel=EAGER):
     ``prime_core.trainer.packing.Packing``; returns ``[L, Hq, D]`` in q's dtype. Collective:
     every rank of ``group`` calls it with the same number of tokens. ``kernel`` is the
     per-block ``BlockKernel`` (the eager one by default)."""
+    if q.shape[1] % k.shape[1] or k.shape != v.shape or q.shape[0] != k.shape[0]:
+        raise ValueError(f"ring attention needs q [L, Hq, D] and k, v [L, Hkv, D] with Hq a multiple of Hkv; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     return _function().apply(q, k, v, packing.index.reshape(-1), packing.segment_ids.reshape(-1),
                              float(scale), group, kernel)
 
 
 def live_blocks(meta, q_index, q_seg) -> list[bool]:
     """Per source rank: may any of its keys be attended by these queries (``meta [n, 2, L]``)?"""
-    k_index, k_seg = meta[:, 0], meta[:, 1]
-    live = ((k_index.amin(1) <= q_index.max()) & (k_seg.amin(1) <= q_seg.max()) & (k_seg.amax(1) >= q_seg.min()))
-    return live.tolist()
+    return any_allowed(q_index[None], q_seg[None], meta[:, 0], meta[:, 1])[0].tolist()
 
 
 def merge(out, lse, block_out, block_lse) -> None:
@@ -52,19 +53,17 @@ def merge(out, lse, block_out, block_lse) -> None:
     lse.copy_(new)
 
 
-def forward(q, k, v, q_index, q_seg, scale, group, kernel):
-    """``(out [L, Hq, D] in the accumulation dtype, lse [L, Hq], meta, live)``."""
+def ring_forward(q, kv, q_index, q_seg, scale, group, kernel):
+    """``(out [L, Hq, D] in the accumulation dtype, lse [L, Hq], meta, live)`` for this rank's
+    queries and keys/values ``kv [2, L, Hkv, D]``."""
     import torch
 
-    from prime_core.trainer.packing import Packing
-
     rank, size = rank_and_size(group)
-    meta = gather_packing(Packing(segment_ids=q_seg, index=q_index, length=0), group)
+    meta = gather_packing(q_index, q_seg, group)
     live = live_blocks(meta, q_index, q_seg)
     acc = acc_dtype(q.dtype)
     out = torch.zeros(q.shape, dtype=acc, device=q.device)
     lse = torch.full(q.shape[:2], float("-inf"), dtype=acc, device=q.device)
-    kv = torch.stack([k, v])
     for step in range(size):
         source = (rank - step) % size
         pending, incoming = [], None
@@ -80,7 +79,7 @@ def forward(q, k, v, q_index, q_seg, scale, group, kernel):
     return out, lse, meta, live
 
 
-def backward(dout, q, k, v, out, lse, q_index, q_seg, meta, live, scale, group, kernel):
+def ring_backward(dout, q, kv, out, lse, q_index, q_seg, meta, live, scale, group, kernel):
     """``(dq, dk, dv)`` in the accumulation dtype."""
     import torch
 
@@ -88,7 +87,6 @@ def backward(dout, q, k, v, out, lse, q_index, q_seg, meta, live, scale, group, 
     acc = acc_dtype(q.dtype)
     delta = (dout.to(acc) * out.to(acc)).sum(-1)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    kv = torch.stack([k, v])
     dkv = torch.zeros(kv.shape, dtype=acc, device=q.device)
     for step in range(size):
         source = (rank - step) % size
@@ -123,18 +121,21 @@ def _function():
         class RingAttention(torch.autograd.Function):
             @staticmethod
             def forward(ctx, q, k, v, q_index, q_seg, scale, group, kernel):
-                out, lse, meta, live = forward(q, k, v, q_index, q_seg, scale, group, kernel)
+                kv = torch.stack([k, v])  # one message per ring step
+                out, lse, meta, live = ring_forward(q, kv, q_index, q_seg, scale, group, kernel)
                 out = out.to(q.dtype)
-                ctx.save_for_backward(q, k, v, out, lse, q_index, q_seg, meta)
+                ctx.save_for_backward(q, kv, out, lse, q_index, q_seg, meta)
                 ctx.live, ctx.scale, ctx.group, ctx.kernel = live, scale, group, kernel
+                ctx.kv_dtypes = (k.dtype, v.dtype)
                 return out
 
             @staticmethod
             def backward(ctx, dout):
-                q, k, v, out, lse, q_index, q_seg, meta = ctx.saved_tensors
-                dq, dk, dv = backward(dout.contiguous(), q, k, v, out, lse, q_index, q_seg, meta, ctx.live,
+                q, kv, out, lse, q_index, q_seg, meta = ctx.saved_tensors
+                dq, dk, dv = ring_backward(dout.contiguous(), q, kv, out, lse, q_index, q_seg, meta, ctx.live,
                                       ctx.scale, ctx.group, ctx.kernel)
-                return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+                k_dtype, v_dtype = ctx.kv_dtypes
+                return dq.to(q.dtype), dk.to(k_dtype), dv.to(v_dtype), None, None, None, None, None
 
         _FUNCTION = RingAttention
     return _FUNCTION

@@ -1,0 +1,64 @@
+"""The ``cp`` parallel strategy: every attention kernel of the model becomes a CP kernel.
+
+Native models (``impl = "custom"``) keep their attention kernel in ``attention_fn`` on every
+attention module (``prime_core.trainer.packing`` has the contract). The core splits each
+packed row across the CP ranks and calls the model with the rank's tokens; ``apply`` wraps
+each ``attention_fn`` so that attention still covers the whole row: ``ring`` passes keys and
+values around the CP group and runs the eager block kernel (the model's own kernel is not
+used), ``ulysses`` exchanges heads for tokens and runs the model's own kernel on whole rows.
+"""
+
+from __future__ import annotations
+
+
+class CPAttention:
+    """An ``attention_fn(q, k, v, packing, scale)`` over the tokens of a whole CP group."""
+
+    def __init__(self, style: str, group, inner) -> None:
+        self.style, self.group, self.inner = style, group, inner
+
+    def __call__(self, q, k, v, packing, scale):
+        if self.style == "ring":
+            from prime_plugin_cp.ring import ring_attention
+
+            return ring_attention(q, k, v, packing, scale, self.group)
+        from prime_plugin_cp.ulysses import ulysses_attention
+
+        return ulysses_attention(q, k, v, packing, scale, self.group, self.inner)
+
+    def __repr__(self) -> str:
+        return f"CPAttention({self.style}, inner={self.inner!r})"
+
+
+def cp_group(mesh, world, cp: int):
+    """The CP process group from the mesh the core passes (or ``world.meshes["cp"]``)."""
+    mesh = mesh if mesh is not None else world.meshes.get("cp")
+    if mesh is None:
+        raise RuntimeError(f"trainer.model.cp = {cp}: the core passed no 'cp' device mesh to the cp strategy "
+                           "(it builds one for strategies whose mesh_dims name 'cp')")
+    names = mesh.mesh_dim_names or ()
+    size = mesh.size(names.index("cp")) if "cp" in names else mesh.size()
+    if size != cp:
+        raise ValueError(f"trainer.model.cp = {cp} but the CP device mesh has {size} ranks")
+    return mesh.get_group("cp") if "cp" in names else mesh.get_group()
+
+
+def apply(model, *, mesh, config, world):
+    import torch
+
+    targets = [(name, module) for name, module in model.named_modules() if hasattr(module, "attention_fn")]
+    if not targets:
+        raise ValueError(
+            f"trainer.model.cp = {config.cp} needs a model implementation whose attention modules expose "
+            f"attention_fn (the CP contract in prime_core.trainer.packing); {type(model).__name__} has none: "
+            "use impl = 'custom'")
+    group = cp_group(mesh, world, config.cp)
+    for name, module in targets:
+        inner = module.attention_fn
+        if isinstance(inner, CPAttention):
+            raise RuntimeError(f"{name}.attention_fn is already context-parallel (cp applied twice)")
+        if isinstance(inner, torch.nn.Module):
+            raise TypeError(f"{name}.attention_fn is a module ({type(inner).__name__}); the cp strategy wraps a "
+                            "plain function and would move its parameters")
+        module.attention_fn = CPAttention(config.cp_style, group, inner)
+    return model
