@@ -1,0 +1,69 @@
+"""``build(model_config, device=...)``: the ``custom`` model implementation's entry point."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from prime_plugin_custom import families
+from prime_plugin_custom.checkpoint import load_hf_weights, resolve_folder
+from prime_plugin_custom.layers import sdpa_attention
+from prime_plugin_custom.model import CausalLM
+
+# transformers' names for "its own attention"; all of them mean the default kernel here.
+DEFAULT_ATTN = ("sdpa", "auto", "eager")
+
+
+def attention_kernel(attn: str):
+    """The ``attention_fn`` for ``trainer.model.attn``: the default kernel, or a kernel
+    registered as ``attention:<attn>`` (same signature as ``layers.sdpa_attention``)."""
+    if attn in DEFAULT_ATTN:
+        return sdpa_attention
+    from prime_core.plugins import get_plugin_manager
+
+    return get_plugin_manager().select("kernels", f"attention:{attn}", key="trainer.model.attn", shown=attn).impl
+
+
+def load_config(name: str, *, trust_remote_code: bool = False):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
+    if not getattr(config, "architectures", None):
+        config.architectures = [families.architecture(config)]
+    return config
+
+
+def build(model_config, *, device: str = "cpu") -> CausalLM:
+    """The policy for ``trainer.model`` (``name``, ``dtype``, ``attn``, ``trust_remote_code``).
+
+    ``device = "meta"``: the structure only (the core fills it from rank 0); otherwise the
+    weights are read from the folder's safetensors and the model is moved to ``device``."""
+    name = str(model_config.name)
+    if name.startswith(("/", ".", "~")) and not Path(name).expanduser().is_dir():
+        raise FileNotFoundError(f"trainer.model.name: model folder not found: {name}")
+    config = load_config(name, trust_remote_code=getattr(model_config, "trust_remote_code", False))
+    families.family(config)  # refuses what this implementation does not reproduce, naming the fix
+    attention_fn = attention_kernel(getattr(model_config, "attn", "sdpa"))
+    dtype = getattr(torch, model_config.dtype)
+    with torch.device("meta"):
+        model = CausalLM(config, attention_fn=attention_fn)
+    model.to(dtype)
+    if device == "meta":
+        model.init_buffers()
+        model.generation_config = generation_config(Path(name).expanduser())
+        return model
+    folder = resolve_folder(name)
+    model.to_empty(device="cpu")
+    load_hf_weights(model, folder)
+    model.generation_config = generation_config(folder)
+    return model if str(device) == "cpu" else model.to(device)
+
+
+def generation_config(folder: Path):
+    """The folder's generation config (republished with the weights), if it has one."""
+    if not (folder / "generation_config.json").is_file():
+        return None
+    from transformers import GenerationConfig
+
+    return GenerationConfig.from_pretrained(folder)

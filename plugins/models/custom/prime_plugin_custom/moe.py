@@ -1,0 +1,149 @@
+"""The mixture-of-experts layer, written against the contract expert parallelism plugs into.
+
+``SparseMoE.forward(x [T, H])``: the router (float32) picks ``top_k`` experts per token, the
+``dispatcher`` groups the token copies by expert (``LocalDispatcher`` here; an EP backend
+sends them to the ranks that own the experts), ``experts`` runs every local expert on its
+contiguous group with one grouped matmul, and ``dispatcher.combine`` brings the outputs back
+and sums them weighted by the router. An optional shared expert is added on top.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from prime_plugin_custom.layers import MLP
+
+
+def grouped_mm_loop(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Reference grouped matmul: rows ``x [N, K]`` come in groups of ``counts [E]`` and group
+    ``e`` is multiplied by ``w[e]`` (``w [E, K, M]``, any strides) -> ``[N, M]``."""
+    groups = torch.split(x, counts.tolist())
+    # Every expert takes part, empty groups too, so each gets a (zero) gradient.
+    return torch.cat([g @ w[e] for e, g in enumerate(groups)])
+
+
+def grouped_mm_torch(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``grouped_mm_loop`` in one ``torch._grouped_mm`` call (CUDA, bfloat16, sm90+)."""
+    offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
+    return torch._grouped_mm(x, w, offs=offsets)
+
+
+def torch_grouped_mm_unavailable() -> str | None:
+    """Why ``torch._grouped_mm`` cannot run here (``None`` when it can); initialises no CUDA
+    context (the compute capability is checked per call)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return f"torch {torch.__version__} has no torch._grouped_mm (needs torch >= 2.8)"
+    if not torch.cuda.is_available():
+        return "torch._grouped_mm needs a CUDA GPU"
+    return None
+
+
+@functools.cache
+def _sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``torch._grouped_mm`` where it runs (bfloat16 on a CUDA GPU of compute capability 9.0
+    or newer), else the reference loop. Same contract as ``grouped_mm_loop``."""
+    if (x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+            and _sm90(x.device.index if x.device.index is not None else torch.cuda.current_device())):
+        return grouped_mm_torch(x, w, counts)
+    return grouped_mm_loop(x, w, counts)
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    # An EP strategy shards the expert weights as DTensors over dim 0; this rank computes
+    # with its own slice.
+    return param.to_local() if hasattr(param, "to_local") else param
+
+
+class Experts(nn.Module):
+    """``num_experts`` SwiGLU experts stored stacked, in transformers 5's in-memory layout:
+    ``gate_up_proj [E, 2 * I, H]`` (gate rows first) and ``down_proj [E, H, I]``."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+        self.grouped_mm = grouped_mm
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """``x [N, H]`` grouped by local expert (``counts [E_local]``) -> ``[N, H]``."""
+        # Cast: without a data-parallel wrapper nothing turns float32 master weights into
+        # the compute dtype.
+        gate_up = _local(self.gate_up_proj).to(x.dtype)
+        down = _local(self.down_proj).to(x.dtype)
+        gate, up = self.grouped_mm(x, gate_up.transpose(1, 2), counts).chunk(2, dim=-1)
+        return self.grouped_mm(F.silu(gate) * up, down.transpose(1, 2), counts)
+
+
+class LocalDispatcher:
+    """Dispatch and combine without communication: every expert is local."""
+
+    def __init__(self, num_experts: int) -> None:
+        self.num_experts = num_experts
+
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weight: torch.Tensor):
+        """``(x_local [T * k, H], counts [E] int64, handle)``: the token copies sorted by expert
+        (stable, so tokens stay in order within an expert)."""
+        tokens, k = topk_idx.shape
+        flat = topk_idx.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts)
+        return x[order // k], counts, (order, topk_weight, tokens, k)
+
+    def combine(self, y_local: torch.Tensor, handle) -> torch.Tensor:
+        """``[T, H]``: for each token the router-weighted sum of its ``k`` expert outputs."""
+        order, topk_weight, tokens, k = handle
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        # Back in (token, choice) order, the k copies of a token are adjacent: a fixed-order
+        # sum, no atomics.
+        y = y_local[inverse].view(tokens, k, y_local.shape[-1])
+        return (y * topk_weight.to(y.dtype)[..., None]).sum(dim=1)
+
+
+class SparseMoE(nn.Module):
+    """Top-k routed experts (Qwen3-MoE, Qwen2-MoE), optionally with a shared expert.
+
+    ``gate``: the router ``nn.Linear(H, E, bias=False)``, computed in float32; ``experts``:
+    ``Experts``; ``dispatcher``: ``LocalDispatcher`` until an EP strategy swaps in its own;
+    ``shared_expert`` / ``shared_expert_gate``: ``None`` when the family has none."""
+
+    def __init__(self, *, hidden: int, intermediate: int, num_experts: int, top_k: int, norm_topk_prob: bool,
+                 shared_intermediate: int | None = None) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.norm_topk_prob = norm_topk_prob
+        self.gate = nn.Linear(hidden, num_experts, bias=False)
+        self.experts = Experts(num_experts, hidden, intermediate)
+        if shared_intermediate:
+            self.shared_expert = MLP(hidden, shared_intermediate)
+            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+        else:
+            self.shared_expert = self.shared_expert_gate = None
+        self.dispatcher = LocalDispatcher(num_experts)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(topk_idx [T, k] int64, topk_weight [T, k] float32)``: softmax over all experts,
+        then the top k (renormalised to sum to 1 when ``norm_topk_prob``)."""
+        logits = F.linear(x.float(), self.gate.weight.float())
+        weight, idx = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weight = weight / weight.sum(dim=-1, keepdim=True)
+        return idx, weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        idx, weight = self.route(x)
+        x_local, counts, handle = self.dispatcher.dispatch(x, idx, weight)
+        out = self.dispatcher.combine(self.experts(x_local, counts), handle)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
