@@ -1,6 +1,6 @@
 """GPU paths that CPU tests cannot reach: pinned optimizer-state offload, activation offload
 on a side stream, the chunked log-probabilities on bf16 logits, and FSDP with NCCL against a
-single eager process. Marked ``gpu``: skipped (with the reason) where there is no CUDA device."""
+single eager process, expert and context parallelism with NCCL. Marked ``gpu``: skipped (with the reason) where there is no CUDA device."""
 
 import pytest
 
@@ -124,3 +124,34 @@ def test_fsdp_with_nccl_matches_one_eager_process(tmp_path):
     results = check(build_tiny(tmp_path / "tiny", **TINY), tmp_path / "out", cases,
                     processes=min(2, torch.cuda.device_count()), rtol=1e-3, atol=1e-4)
     assert all("fsdp" in r["applied"] for r in results.values())
+
+
+def _devices(n: int) -> int:
+    import torch
+
+    if torch.cuda.device_count() < n:
+        pytest.skip(f"needs {n} GPUs ({torch.cuda.device_count()} visible)")
+    return n
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+def test_expert_and_context_parallel_with_nccl_match_one_eager_process(tmp_path, processes):
+    """EP, ring and ulysses CP (and EP × CP on 4 GPUs), each with FSDP, on NCCL."""
+    from prime_plugin_hf.tiny import build_tiny
+
+    from prime_core.parity import TINY, check
+
+    _devices(processes)
+    custom = {"impl": "custom"}
+    if processes == 2:
+        cases = [{"name": "ep2", "model": {**custom, "ep": 2}},
+                 {"name": "cp2_ring", "model": {**custom, "cp": 2, "cp_style": "ring"}},
+                 {"name": "cp2_ulysses", "model": {**custom, "cp": 2, "cp_style": "ulysses"}}]
+    else:
+        cases = [{"name": "ep4", "model": {**custom, "ep": 4}},
+                 {"name": "ep2_cp2_ring", "model": {**custom, "ep": 2, "cp": 2, "cp_style": "ring"}},
+                 {"name": "ep2_cp2_ulysses", "model": {**custom, "ep": 2, "cp": 2, "cp_style": "ulysses"}}]
+    model = build_tiny(tmp_path / "moe", **TINY, num_experts=4, experts_per_token=2)
+    results = check(model, tmp_path / "out", cases, processes=processes, rtol=1e-3, atol=1e-4)
+    for case in cases:
+        assert "fsdp" in results[case["name"]]["applied"]
