@@ -139,7 +139,7 @@ class CausalLM(nn.Module):
         if packing is None:
             packing = Packing.from_position_ids(positions)
         hidden = self.model(ids, positions, packing)
-        return CausalLMOutput(logits=self.lm_head(hidden)[None])
+        return CausalLMOutput(logits=self.lm_head(hidden[None]))  # not a view: FSDP hooks the output
 
     def save_pretrained(self, path, state_dict: dict | None = None, safe_serialization: bool = True,
                         **_ignored) -> None:
