@@ -25,7 +25,7 @@ import os
 import time
 from pathlib import Path
 
-MOE = dict(hidden_size=2048, num_hidden_layers=12, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+MOE = dict(hidden_size=2048, num_hidden_layers=8, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
            intermediate_size=6144, moe_intermediate_size=768, num_experts=64, num_experts_per_tok=8,
            vocab_size=151936, tie_word_embeddings=True, rope_theta=1_000_000.0, max_position_embeddings=262144,
            rms_norm_eps=1e-6, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
