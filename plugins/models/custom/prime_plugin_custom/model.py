@@ -23,6 +23,12 @@ class CausalLMOutput:
     """``[1, L, V]``."""
 
 
+# FSDP finds the tensors of a module's output by flattening it as a pytree; an unregistered
+# dataclass is a leaf, so the root's pre-backward hook was never attached (torch 2.11 then
+# freed the tied embedding before the backward pass needed it).
+torch.utils._pytree.register_dataclass(CausalLMOutput)
+
+
 def _is_sparse(config, index: int) -> bool:
     # transformers' rule for which layers of a MoE model route to experts.
     return (index not in (getattr(config, "mlp_only_layers", None) or ()) and config.num_experts > 0
