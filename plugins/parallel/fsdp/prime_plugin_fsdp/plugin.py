@@ -37,8 +37,10 @@ def apply(model, *, mesh, config, world):
         reshard = config.reshard_after_forward and index < len(blocks) - 1
         fully_shard(block, mesh=mesh, mp_policy=mixed, offload_policy=offload, reshard_after_forward=reshard,
                     ignored_params=ignored)
-    fully_shard(model, mesh=mesh, mp_policy=mixed, offload_policy=offload,
-                reshard_after_forward=config.reshard_after_forward, ignored_params=ignored)
+    # The root (embeddings, LM head) is what the backward pass needs first: keeping it gathered
+    # costs nothing, and the backward pass does not depend on finding its output tensors.
+    fully_shard(model, mesh=mesh, mp_policy=mixed, offload_policy=offload, reshard_after_forward=False,
+                ignored_params=ignored)
     return model
 
 
