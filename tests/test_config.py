@@ -159,7 +159,8 @@ def test_exclusive_offloads_are_refused():
     (["--trainer.model.impl", "hf", "--trainer.model.ep", "2"], "ep = 2 needs impl = 'custom'"),
     (["--trainer.model.impl", "hf", "--trainer.model.cp", "2", "--trainer.model.attn", "flash_attention_2"],
      "cp = 2 needs impl = 'custom'"),
-    (["--trainer.model.impl", "custom", "--trainer.model.cp", "2"], "cp = 2 does not divide the 1 trainer"),
+    (["--trainer.model.impl", "custom", "--trainer.model.cp", "2", "--deployment.num-train-gpus", "3"],
+     "cp = 2 does not divide the 3 trainer"),
     (["--trainer.model.impl", "custom", "--trainer.model.ep", "4", "--deployment.num-train-gpus", "6"],
      "ep = 4 does not divide the 6 trainer"),
     (["--trainer.model.ac.mode", "selective", "--trainer.model.ac.targets", '["norms"]'], "targets"),
@@ -283,3 +284,10 @@ def test_plugin_section_clash_names_both(register_plugin):
     register_plugin(Plugin(), name="clashing")
     with pytest.raises(PluginError, match="'trainer.model.ep' is defined by both prime-core and plugin 'clashing'"):
         load_rl()
+
+
+def test_degrees_beyond_the_default_deployment_stop_the_run():
+    from prime_core.config.checks import check
+
+    config = load_rl("--trainer.model.impl", "custom", "--trainer.model.cp", "2")  # loads: a knobs-only file
+    assert any("trainer.model.cp = 2 does not divide the 1 trainer processes" in p for p in check(config, "rl"))

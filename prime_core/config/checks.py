@@ -107,8 +107,25 @@ def check(config: BaseModel, root: str, manager: PluginManager | None = None) ->
             known = {r.name: r for r in manager.status()}
             why = f": {known[name].status}, {known[name].reason}" if name in known else " (not installed)"
             problems.append(f"required_plugins: plugin '{name}' is not active{why}{did_you_mean(name, active)}")
+    problems.extend(_degree_problems(config, root))
     problems.extend(_plugin_validators(config, root, manager))
     return problems
+
+
+def _degree_problems(config: BaseModel, root: str) -> list[str]:
+    """Parallel degrees against the trainer processes the deployment starts (a config that
+    names its deployment is refused at load time already; this catches the default one)."""
+    from prime_core.launch.config import check_degrees, trainer_processes
+
+    model = {"rl": lambda: config.trainer.model, "sft": lambda: config.model}.get(root)
+    if model is None or "deployment" in config.model_fields_set:
+        return []
+    try:
+        check_degrees(model(), trainer_processes(config.deployment), "trainer.model" if root == "rl" else "model",
+                      "the default deployment: one process")
+    except ValueError as exc:
+        return [str(exc)]
+    return []
 
 
 def _plugin_validators(config: BaseModel, root: str, manager: PluginManager) -> list[str]:

@@ -91,6 +91,8 @@ class RLConfig(Section):
 
     @model_validator(mode="after")
     def _degrees_fit(self) -> RLConfig:
+        if "deployment" not in self.model_fields_set:
+            return self  # a knobs-only file (the seeds' snippets) is merged with a deployment later
         where = ("deployment.num_train_gpus" if self.deployment.type == "single_node"
                  else "deployment.num_train_nodes × gpus_per_node")
         check_degrees(self.trainer.model, trainer_processes(self.deployment), "trainer.model", where)

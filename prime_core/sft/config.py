@@ -55,6 +55,8 @@ class SFTConfig(Section):
 
     @model_validator(mode="after")
     def _degrees_fit(self) -> SFTConfig:
+        if "deployment" not in self.model_fields_set:
+            return self  # a knobs-only file is merged with a deployment later
         where = "deployment.num_gpus" if self.deployment.type == "single_node" else "deployment.num_nodes × gpus_per_node"
         check_degrees(self.model, trainer_processes(self.deployment), "model", where)
         return self
