@@ -267,7 +267,8 @@ def trained_adapter(tiny: Path, out: Path, seed: int):
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
-    model, export = apply(model, config=TrainerModelConfig(name=str(tiny), lora={"rank": 4, "alpha": 8}))
+    applied = apply(model, config=TrainerModelConfig(name=str(tiny), lora={"rank": 4, "alpha": 8}))
+    model, export = applied.model, applied.exporter
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
     ids = torch.tensor([PROMPT * 2])
     for _ in range(3):
