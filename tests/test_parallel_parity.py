@@ -14,12 +14,15 @@ import pytest
 from prime_core.parity import TINY, compare, run
 
 CUSTOM = {"impl": "custom"}
-DENSE_TWO = [{"name": "custom_fsdp", "model": CUSTOM}]
+DENSE_TWO = [{"name": "custom_fsdp", "model": CUSTOM},
+             {"name": "custom_fused_head", "model": {**CUSTOM, "fused_lm_head_token_chunk_size": 16}}]
 TWO = [
     {"name": "ep2", "model": {**CUSTOM, "ep": 2}},
     {"name": "cp2_ring", "model": {**CUSTOM, "cp": 2, "cp_style": "ring"}},
     {"name": "cp2_ulysses", "model": {**CUSTOM, "cp": 2, "cp_style": "ulysses"}},
     {"name": "ep2_ckpt", "model": {**CUSTOM, "ep": 2}, "steps": 4, "ckpt_step": 2},
+    {"name": "cp2_ring_fused_head", "model": {**CUSTOM, "cp": 2, "cp_style": "ring",
+                                              "fused_lm_head_token_chunk_size": "auto"}},
 ]
 FOUR = [
     {"name": "ep2_cp2_ring", "model": {**CUSTOM, "ep": 2, "cp": 2, "cp_style": "ring"}},

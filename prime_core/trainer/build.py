@@ -16,7 +16,7 @@ from typing import Any
 
 from prime_core.errors import PluginError
 from prime_core.specs import Applied
-from prime_core.trainer.model import resolve_impl
+from prime_core.trainer.model import attach_lm_head, resolve_impl
 
 ORDER = ("lora", "ep", "cp", "ac", "ac_offloading", "compile", "fsdp")
 KEYS = {"lora": "trainer.model.lora", "ep": "trainer.model.ep", "cp": "trainer.model.cp",
@@ -74,6 +74,7 @@ def build_policy(model_config, manager, world, *, only: set[str] | None = None) 
     meta = world.size > 1 and not world.main
     with loading(model_config.name, "model.name"):
         model = impl.build(model_config.model_copy(update={"dtype": build_dtype}), device="meta" if meta else "cpu")
+    attach_lm_head(model, model_config, manager)
     policy = Policy(model=model, impl=impl.name, hf_config=getattr(model, "config", None))
     if policy.hf_config is not None:
         policy.hf_config.dtype = model_config.dtype  # what published checkpoints hold

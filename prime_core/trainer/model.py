@@ -62,6 +62,10 @@ def predicted_logprobs(model, input_ids, position_ids, targets, *, packing=None,
     plain causal attention (the fast kernels) for a row holding one sample. The log-softmax
     never exists in full: see ``TokenLogProb``.
     """
+    if getattr(model, "lm_head_fn", None) is not None:  # the fused LM head: no logits at all
+        out = model(input_ids=input_ids, position_ids=position_ids, packing=packing, targets=targets,
+                    temperature=float(temperature), with_entropy=with_entropy)
+        return out.logprobs, (out.entropy if with_entropy else None)
     if getattr(model, "accepts_packing", False):
         logits = model(input_ids=input_ids, position_ids=position_ids, packing=packing).logits
     else:
@@ -140,6 +144,27 @@ def token_logprob_fn():
 
     _FN = TokenLogProb.apply
     return _FN
+
+
+def attach_lm_head(model, model_config, manager) -> None:
+    """Give a native model the fused LM head the config asks for (no-op when disabled):
+    ``model.lm_head_fn(hidden, weight, targets, temperature, *, with_entropy)``."""
+    setting = model_config.fused_lm_head_token_chunk_size
+    if setting == "disabled":
+        return
+    if not hasattr(model, "lm_head_fn"):
+        raise PluginError(
+            f"trainer.model.fused_lm_head_token_chunk_size = {setting!r}: the {type(model).__name__} model "
+            "computes its own logits; the fused LM head needs a native implementation",
+            hint="set trainer.model.impl = 'custom' (supported families) or fused_lm_head_token_chunk_size = "
+                 "'disabled'",
+        )
+    import functools
+
+    spec = manager.select("kernels", "lm_head:fused", key="trainer.model.fused_lm_head_token_chunk_size")
+    # The kernel's contract: impl(hidden, weight, targets, temperature, *, token_chunk, with_entropy),
+    # token_chunk an int or "auto" (sized per call from the shapes).
+    model.lm_head_fn = functools.partial(spec.impl, token_chunk=setting)
 
 
 def transformer_blocks(model):

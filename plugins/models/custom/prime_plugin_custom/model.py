@@ -19,8 +19,12 @@ from prime_plugin_custom.moe import SparseMoE
 
 @dataclass
 class CausalLMOutput:
-    logits: torch.Tensor
-    """``[1, L, V]``."""
+    logits: torch.Tensor | None = None
+    """``[1, L, V]`` (``None`` when the LM head computed log-probabilities instead)."""
+    logprobs: torch.Tensor | None = None
+    """``[L]`` float32: log p(``targets``) (with ``targets`` and an ``lm_head_fn``)."""
+    entropy: torch.Tensor | None = None
+    """``[L]`` float32, no gradient."""
 
 
 # FSDP finds the tensors of a module's output by flattening it as a pytree; an unregistered
@@ -94,10 +98,18 @@ class CausalLM(nn.Module):
 
     ``model(input_ids=[1, L], position_ids=[1, L], packing=None)`` -> ``.logits [1, L, V]``;
     without ``packing`` the samples of the row are read from ``position_ids`` (restarting at
-    0). transformers' ``attention_mask`` / ``use_cache`` are accepted and ignored."""
+    0). transformers' ``attention_mask`` / ``use_cache`` are accepted and ignored.
+
+    With an ``lm_head_fn`` (the core sets one from the kernel registry when
+    ``trainer.model.fused_lm_head_token_chunk_size`` is on) and ``targets [L]``, the forward
+    returns ``.logprobs`` and ``.entropy`` instead, computed by
+    ``lm_head_fn(hidden [L, H], lm_head.weight, targets, temperature, with_entropy=...)`` without
+    the full logits; it runs inside the forward so that data-parallel wrappers see the LM
+    head's weight as used there."""
 
     _no_split_modules: ClassVar[list[str]] = ["TransformerBlock"]
     accepts_packing = True
+    lm_head_fn = None
 
     def __init__(self, config, attention_fn=sdpa_attention) -> None:
         super().__init__()
@@ -135,7 +147,8 @@ class CausalLM(nn.Module):
         return self
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                packing: Packing | None = None, **ignored) -> CausalLMOutput:
+                packing: Packing | None = None, targets: torch.Tensor | None = None, temperature=1.0,
+                with_entropy: bool = True, **ignored) -> CausalLMOutput:
         if input_ids.dim() == 2 and input_ids.shape[0] != 1:
             raise ValueError(f"{type(self).__name__} takes one packed row ([1, L]), got input_ids "
                              f"{tuple(input_ids.shape)}")
@@ -145,6 +158,10 @@ class CausalLM(nn.Module):
         if packing is None:
             packing = Packing.from_position_ids(positions)
         hidden = self.model(ids, positions, packing)
+        if targets is not None and self.lm_head_fn is not None:
+            logprobs, entropy = self.lm_head_fn(hidden, self.lm_head.weight, targets, temperature,
+                                                 with_entropy=with_entropy)
+            return CausalLMOutput(logprobs=logprobs, entropy=entropy)
         return CausalLMOutput(logits=self.lm_head(hidden[None]))  # not a view: FSDP hooks the output
 
     def save_pretrained(self, path, state_dict: dict | None = None, safe_serialization: bool = True,

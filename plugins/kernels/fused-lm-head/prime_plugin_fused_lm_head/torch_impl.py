@@ -1,0 +1,196 @@
+"""``lm_head:fused`` in plain PyTorch: per-token log-probabilities and entropies straight from
+the hidden states, a chunk of tokens (and optionally of vocabulary rows) at a time.
+
+Runs on any device and dtype. The full ``[N, V]`` logits never exist: the forward pass keeps
+one log-sum-exp per token, and the backward pass recomputes each chunk's logits from
+``hidden`` and ``weight``. See ``fused_logprobs``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from prime_plugin_fused_lm_head.chunking import chunk_size_for
+
+
+def fused_logprobs(hidden, weight, targets, temperature=1.0, *, token_chunk, vocab_chunk=None, with_entropy=True):
+    """``log p(targets)`` and the entropy of ``softmax(hidden @ weight.T / temperature)``.
+
+    - ``hidden [N, H]``, ``weight [V, H]`` (the LM head, possibly tied to the embedding), one
+      dtype; neither needs to be contiguous. The matmuls run in that dtype.
+    - ``targets [N]`` int64, each in ``[0, V)``.
+    - ``temperature``: a float, or a tensor of ``N`` per-token temperatures (no gradient
+      flows into it).
+    - ``token_chunk``: tokens per chunk, or ``"auto"`` (``chunk_size_for`` with its default
+      budget); ``vocab_chunk``: vocabulary rows per step inside a chunk (online log-sum-exp
+      and entropy), ``None`` for the whole vocabulary at once.
+
+    Returns ``(logp [N], entropy [N] or None)`` in float32 (float64 for float64 inputs; the
+    softmax math runs in that dtype). Gradients reach ``hidden`` and ``weight`` through
+    ``logp`` only; ``entropy`` is marked non-differentiable.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"fused_logprobs: hidden must be [N, H] and weight [V, H], got "
+                         f"{tuple(hidden.shape)} and {tuple(weight.shape)}")
+    if hidden.dtype != weight.dtype:
+        raise ValueError(f"fused_logprobs: hidden is {hidden.dtype} but weight is {weight.dtype}")
+    n, width = hidden.shape
+    vocab = weight.shape[0]
+    if targets.shape != (n,) or targets.dtype != torch.int64:
+        raise ValueError(f"fused_logprobs: targets must be int64 of shape ({n},), got "
+                         f"{targets.dtype} {tuple(targets.shape)}")
+    if vocab_chunk is None:
+        vocab_chunk = vocab
+    if token_chunk == "auto":
+        token_chunk = chunk_size_for(n, min(vocab, vocab_chunk), width, hidden.dtype)
+    if not isinstance(token_chunk, int) or token_chunk < 1 or not isinstance(vocab_chunk, int) or vocab_chunk < 1:
+        raise ValueError(f"fused_logprobs: token_chunk ({token_chunk!r}) and vocab_chunk ({vocab_chunk!r}) "
+                         "must be positive integers (token_chunk may be 'auto')")
+    # An out-of-range target would silently read a clamped column; checked on the device,
+    # so a GPU caller is not made to wait for it.
+    torch._assert_async(((targets >= 0) & (targets < vocab)).all(),
+                        f"fused_logprobs: a target is outside the vocabulary [0, {vocab})")
+    logp, entropy = _FusedLogProbs.apply(hidden, weight, targets, _temperature(temperature, n, hidden),
+                                         token_chunk, vocab_chunk, with_entropy)
+    return logp, (entropy if with_entropy else None)
+
+
+def _softmax_dtype(dtype):
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _temperature(temperature, n, hidden):
+    if isinstance(temperature, torch.Tensor):
+        values = temperature.detach().to(device=hidden.device, dtype=_softmax_dtype(hidden.dtype)).reshape(-1)
+        if values.numel() == 1:
+            return values.expand(n)
+        if values.numel() != n:
+            raise ValueError(f"fused_logprobs: temperature has {values.numel()} values for {n} tokens")
+        return values
+    temperature = float(temperature)
+    if not temperature > 0:
+        raise ValueError(f"fused_logprobs: temperature must be positive, got {temperature}")
+    return temperature
+
+
+def _spans(total, step):
+    for start in range(0, total, step):
+        yield start, min(total, start + step)
+
+
+def _scaled_logits(h, w, temperature):
+    # The matmul stays in the inputs' dtype (bf16 tensor cores); everything after it is in
+    # the softmax dtype, on a fresh tensor that can be modified in place.
+    x = (h @ w.T).to(_softmax_dtype(h.dtype))
+    if isinstance(temperature, torch.Tensor):
+        return x.div_(temperature[:, None])
+    return x.div_(temperature) if temperature != 1.0 else x
+
+
+def _target_columns(targets, start, width):
+    """Each row's target column inside the vocabulary chunk at ``start`` (clamped, so it can
+    be gathered), and whether the target really lies in that chunk."""
+    local = targets - start
+    inside = (local >= 0) & (local < width)
+    return local.clamp(0, width - 1)[:, None], inside
+
+
+def _merge(state, part):
+    """Online log-sum-exp: combine two partial ``(max, sum of exp, sum of exp * (x - max))``
+    over disjoint vocabulary chunks. The last term is kept relative to the running max, so
+    the entropy never subtracts two logit-sized numbers."""
+    if state is None:
+        return part
+    m1, s1, a1 = state
+    m2, s2, a2 = part
+    m = torch.maximum(m1, m2)
+    w1, w2 = torch.exp(m1 - m), torch.exp(m2 - m)
+    a = None if a1 is None else w1 * (a1 + s1 * (m1 - m)) + w2 * (a2 + s2 * (m2 - m))
+    return m, s1 * w1 + s2 * w2, a
+
+
+def _chunk_stats(x, with_entropy):
+    m = x.amax(dim=-1)
+    x.sub_(m[:, None])
+    e = torch.exp(x)
+    s = e.sum(dim=-1)
+    return m, s, (e.mul_(x).sum(dim=-1) if with_entropy else None)
+
+
+def _temperature_rows(temperature, start, end):
+    return temperature[start:end] if isinstance(temperature, torch.Tensor) else temperature
+
+
+class _FusedLogProbs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, token_chunk, vocab_chunk, with_entropy):
+        n, vocab = hidden.shape[0], weight.shape[0]
+        dtype = _softmax_dtype(hidden.dtype)
+        logp = torch.empty(n, dtype=dtype, device=hidden.device)
+        lse = torch.empty_like(logp)
+        entropy = torch.empty_like(logp) if with_entropy else logp.new_empty(0)
+        # Under autocast the forward matmul would run in another dtype than the recomputation
+        # in backward (which autocast does not cover), and the softmax would not sum to one.
+        with torch.autocast(hidden.device.type, enabled=False):
+            for t0, t1 in _spans(n, token_chunk):
+                h, rows = hidden[t0:t1], targets[t0:t1]
+                temp = _temperature_rows(temperature, t0, t1)
+                state, target_logit = None, torch.zeros(t1 - t0, dtype=dtype, device=hidden.device)
+                for v0, v1 in _spans(vocab, vocab_chunk):
+                    x = _scaled_logits(h, weight[v0:v1], temp)
+                    columns, inside = _target_columns(rows, v0, v1 - v0)
+                    target_logit = torch.where(inside, x.gather(1, columns)[:, 0], target_logit)
+                    state = _merge(state, _chunk_stats(x, with_entropy))
+                    del x
+                m, s, a = state
+                log_s = torch.log(s)
+                lse[t0:t1] = m + log_s
+                logp[t0:t1] = target_logit - lse[t0:t1]
+                if with_entropy:
+                    # H = lse - E_p[x] = log s - E_p[x - m]
+                    entropy[t0:t1] = log_s - a / s
+        tensor_temperature = temperature if isinstance(temperature, torch.Tensor) else None
+        ctx.save_for_backward(hidden, weight, targets, lse, tensor_temperature)
+        ctx.temperature = None if tensor_temperature is not None else temperature
+        ctx.chunks = (token_chunk, vocab_chunk)
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):
+        hidden, weight, targets, lse, temperature = ctx.saved_tensors
+        if temperature is None:
+            temperature = ctx.temperature
+        need_hidden, need_weight = ctx.needs_input_grad[:2]
+        none = (None,) * 5
+        if not (need_hidden or need_weight):
+            return (None, None, *none)
+        token_chunk, vocab_chunk = ctx.chunks
+        n, vocab = hidden.shape[0], weight.shape[0]
+        dtype = _softmax_dtype(hidden.dtype)
+        # Accumulated over chunks in (at least) float32, whatever the inputs' dtype.
+        grad_hidden = torch.zeros(hidden.shape, dtype=dtype, device=hidden.device) if need_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device) if need_weight else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            for t0, t1 in _spans(n, token_chunk):
+                h, rows = hidden[t0:t1], targets[t0:t1]
+                temp = _temperature_rows(temperature, t0, t1)
+                # d logp / d logits = (onehot(target) - softmax) / T, times the upstream gradient.
+                coef = grad_logp[t0:t1].to(dtype) / temp
+                for v0, v1 in _spans(vocab, vocab_chunk):
+                    w = weight[v0:v1]
+                    x = _scaled_logits(h, w, temp)
+                    x.sub_(lse[t0:t1, None]).exp_().mul_(-coef[:, None])
+                    columns, inside = _target_columns(rows, v0, v1 - v0)
+                    x.scatter_add_(1, columns, coef.masked_fill(~inside, 0)[:, None])
+                    g = x.to(hidden.dtype)
+                    del x
+                    if need_hidden:
+                        grad_hidden[t0:t1].add_(g @ w)
+                    if need_weight:
+                        grad_weight[v0:v1].add_(g.T @ h)
+        return (
+            grad_hidden.to(hidden.dtype) if need_hidden else None,
+            grad_weight.to(weight.dtype) if need_weight else None,
+            *none,
+        )
