@@ -1,9 +1,86 @@
-"""Hooks of prime-plugin-flash-attn.
+"""Hooks of prime-plugin-flash-attn: flash-attention 2 and 3 (varlen) as the attention kernel,
+``attention:flash_attention_2`` and ``attention:flash_attention_3``, selected by
+``trainer.model.attn`` for native models (``impl = "custom"``).
 
-flash-attention 2/3 (varlen) as the attention kernel.
-
-Nothing is registered yet: the `attention:flash_attention_*` kernels is not implemented in this version, and a
-plugin never claims a capability it does not have.
+Each is available where its package imports and CUDA is visible. Importing this module stays
+cheap: neither torch nor flash-attention is imported until a check or the kernel runs.
 """
 
+from __future__ import annotations
+
+from prime_core import hookimpl
+from prime_core.specs import Kernel
+
 PRIME_PLUGIN_API = 1
+
+FA2_HINT = ("pip install flash-attn --no-build-isolation (prebuilt wheels per torch/CUDA version: "
+            "https://github.com/Dao-AILab/flash-attention/releases)")
+FA3_HINT = ("build it from the hopper/ folder of https://github.com/Dao-AILab/flash-attention "
+            "(cd hopper && python setup.py install; Hopper GPUs, CUDA >= 12.3)")
+
+
+def _unavailable(module: str, what: str, hint: str, function: str = "flash_attn_varlen_func") -> str | None:
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        return f"{module} is not installed ({what}): {hint}"
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"{what} needs a CUDA GPU and torch sees none here; use trainer.model.attn = 'sdpa' on this machine"
+    try:
+        loaded = importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - a build for another torch/CUDA fails here, not at find_spec
+        return f"{module} is installed but does not import ({type(exc).__name__}: {exc}): {hint}"
+    if not hasattr(loaded, function):
+        version = getattr(loaded, "__version__", "?")
+        return f"{module} {version} has no {function} (the varlen API of {what}): {hint}"
+    return None
+
+
+def flash_attention_2_unavailable() -> str | None:
+    """``None`` where flash-attention 2 can run; otherwise why not, with the fix."""
+    return _unavailable("flash_attn", "flash-attention 2", FA2_HINT)
+
+
+def flash_attention_3_unavailable() -> str | None:
+    """``None`` where flash-attention 3 can run; otherwise why not, with the fix."""
+    return _unavailable("flash_attn_interface", "flash-attention 3", FA3_HINT)
+
+
+def _flash_attention_2(q, k, v, packing, scale):
+    from prime_plugin_flash_attn.varlen import flash_attention_2
+
+    return flash_attention_2(q, k, v, packing, scale)
+
+
+def _flash_attention_3(q, k, v, packing, scale):
+    from prime_plugin_flash_attn.varlen import flash_attention_3
+
+    return flash_attention_3(q, k, v, packing, scale)
+
+
+def _prepare(packing) -> None:
+    from prime_plugin_flash_attn.varlen import cu_seqlens
+
+    cu_seqlens(packing)
+
+
+# A model may call ``attention_fn.prepare(packing)`` once per forward, outside compiled blocks,
+# so that the host sync of ``cu_seqlens`` does not happen inside the first layer's graph.
+_flash_attention_2.prepare = _prepare
+_flash_attention_3.prepare = _prepare
+
+
+@hookimpl
+def prime_kernels():
+    reference = "prime_plugin_custom.layers.sdpa_attention"
+    return [
+        Kernel(op="attention", name="flash_attention_2", impl=_flash_attention_2,
+               available=flash_attention_2_unavailable, reference=reference,
+               description="flash-attention 2 varlen over a packed row's samples (bf16/fp16, GQA, whole rows)"),
+        Kernel(op="attention", name="flash_attention_3", impl=_flash_attention_3,
+               available=flash_attention_3_unavailable, reference=reference,
+               description="flash-attention 3 (Hopper) varlen over a packed row's samples (bf16/fp16, GQA)"),
+    ]

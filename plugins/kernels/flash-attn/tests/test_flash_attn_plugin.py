@@ -1,17 +1,277 @@
-"""prime-plugin-flash-attn loads through its entry point and claims nothing it cannot do yet."""
+"""prime-plugin-flash-attn on a CPU machine: registration, availability reasons with their fix,
+``cu_seqlens`` for several packings, the kernel's argument handling against a CPU stand-in for
+flash-attention (``fakes/``), and the native model selecting it through ``trainer.model.attn``."""
+
+import importlib
+import subprocess
+import sys
+from itertools import accumulate
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from prime_plugin_flash_attn import plugin
+from prime_plugin_flash_attn.varlen import cu_seqlens, flash_attention_2, flash_attention_3
 
 from prime_core import PLUGIN_API_VERSION
-from prime_core.plugins import PluginManager
+from prime_core.errors import PluginError
+from prime_core.plugins import PluginManager, set_plugin_manager
+from prime_core.trainer.packing import Packing, cp_indices
 
-import prime_plugin_flash_attn.plugin as plugin
+pytest_plugins = ["prime_core.testing"]
+
+FAKES = Path(__file__).parent / "fakes"
+FLASH_MODULES = ("flash_attn", "flash_attn_interface")
+
+
+def _forget_flash_modules():
+    for name in [m for m in sys.modules if m.split(".")[0] in FLASH_MODULES]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+
+
+@pytest.fixture
+def fake_flash(monkeypatch):
+    """flash_attn and flash_attn_interface importable as the CPU stand-ins in ``fakes/``."""
+    _forget_flash_modules()
+    monkeypatch.syspath_prepend(str(FAKES))
+    importlib.invalidate_caches()
+    import flash_attn
+
+    flash_attn.calls.clear()
+    yield flash_attn
+    _forget_flash_modules()
+
+
+@pytest.fixture
+def no_flash(monkeypatch):
+    """flash-attention not installed, whatever this machine has."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name.split(".")[0] in FLASH_MODULES else real(name, *args))
+
+
+@pytest.fixture
+def fake_module(tmp_path, monkeypatch):
+    """Make ``name`` importable with ``body`` as its source."""
+    _forget_flash_modules()
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def install(name: str, body: str) -> None:
+        (tmp_path / f"{name}.py").write_text(body)
+        importlib.invalidate_caches()
+
+    yield install
+    _forget_flash_modules()
 
 
 def test_declares_the_plugin_api():
     assert plugin.PRIME_PLUGIN_API == PLUGIN_API_VERSION
 
 
-def test_loads_as_active_and_provides_nothing_yet():
+def test_importing_the_plugin_imports_neither_torch_nor_flash_attn():
+    code = ("import sys, prime_plugin_flash_attn.plugin as p; p.prime_kernels(); "
+            "print(sorted(m for m in ('torch', 'flash_attn', 'flash_attn_interface') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_registers_both_attention_kernels():
     manager = PluginManager(autoload=True, disabled=()).load()
     record = manager.records["flash_attn"]
     assert (record.status, record.dist) == ("active", "prime-plugin-flash-attn")
-    assert manager.provided_by(record) == {}
+    kernels = {spec.key: spec for spec in manager.provided_by(record)["prime_kernels"]}
+    assert set(kernels) == {"attention:flash_attention_2", "attention:flash_attention_3"}
+    assert all(spec.reference == "prime_plugin_custom.layers.sdpa_attention" for spec in kernels.values())
+    assert manager.registry("kernels")["attention:flash_attention_2"].plugin == "flash_attn"
+
+
+# ------------------------------------------------------------------ cu_seqlens
+
+
+@pytest.mark.parametrize("lengths", [[7], [3, 4, 1], [1, 1, 1], [5, 1, 9, 2]])
+def test_cu_seqlens_marks_where_every_sample_starts(lengths):
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    cu, max_len = cu_seqlens(Packing.from_position_ids(positions))
+    assert cu.dtype == torch.int32
+    assert cu.tolist() == [0, *accumulate(lengths)]
+    assert max_len == max(lengths)
+
+
+def test_cu_seqlens_reads_any_non_decreasing_segment_ids():
+    packing = Packing(segment_ids=torch.tensor([2, 2, 5, 5, 5, 9]), index=torch.arange(6), length=6)
+    cu, max_len = cu_seqlens(packing)
+    assert (cu.tolist(), max_len) == ([0, 2, 5, 6], 3)
+
+
+def _empty_packing():
+    empty = torch.zeros(0, dtype=torch.long)
+    return Packing(segment_ids=empty, index=empty, length=0)
+
+
+def test_cu_seqlens_of_an_empty_row():
+    cu, max_len = cu_seqlens(_empty_packing())
+    assert (cu.tolist(), max_len) == ([0], 0)
+
+
+def test_cu_seqlens_is_computed_once_per_packing():
+    packing = Packing.from_position_ids(torch.tensor([0, 1, 0, 1, 2]))
+    assert cu_seqlens(packing) is cu_seqlens(packing)
+
+
+def test_the_kernels_can_prepare_a_packing_ahead_of_the_layers():
+    packing = Packing.from_position_ids(torch.tensor([0, 1, 2, 0]))
+    plugin._flash_attention_2.prepare(packing)
+    assert plugin._flash_attention_3.prepare is plugin._flash_attention_2.prepare
+    packing.segment_ids = None  # the layers must not look at it again
+    assert cu_seqlens(packing)[0].tolist() == [0, 3, 4]
+
+
+def test_cu_seqlens_refuses_a_context_parallel_subset():
+    packing = Packing.from_position_ids(torch.arange(8)).select(cp_indices(8, 0, 2))
+    with pytest.raises(ValueError, match="4 of its 8 tokens"):
+        cu_seqlens(packing)
+
+
+# ------------------------------------------------------------------ availability
+
+
+def test_without_flash_attention_the_reasons_name_the_fix(no_flash):
+    fa2, fa3 = plugin.flash_attention_2_unavailable(), plugin.flash_attention_3_unavailable()
+    assert fa2.startswith("flash_attn is not installed (flash-attention 2): pip install flash-attn --no-build-isolation")
+    assert fa3.startswith("flash_attn_interface is not installed (flash-attention 3): build it from the hopper/")
+
+
+def test_with_flash_attention_but_no_gpu(fake_flash, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for reason in (plugin.flash_attention_2_unavailable(), plugin.flash_attention_3_unavailable()):
+        assert "needs a CUDA GPU" in reason and "attn = 'sdpa'" in reason
+
+
+def test_available_with_flash_attention_and_a_gpu(fake_flash, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert plugin.flash_attention_2_unavailable() is None
+    assert plugin.flash_attention_3_unavailable() is None
+
+
+def test_a_broken_build_is_reported_with_the_fix(fake_module, monkeypatch):
+    fake_module("flash_attn", "raise ImportError('flash_attn_2_cuda.so: undefined symbol: _ZN3c10')")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    reason = plugin.flash_attention_2_unavailable()
+    assert reason.startswith("flash_attn is installed but does not import (ImportError: flash_attn_2_cuda.so")
+    assert "pip install flash-attn" in reason
+
+
+def test_flash_attention_1_lacks_the_varlen_api(fake_module, monkeypatch):
+    fake_module("flash_attn", "__version__ = '1.0.9'\ndef flash_attn_unpadded_func(*a): pass\n")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert plugin.flash_attention_2_unavailable().startswith("flash_attn 1.0.9 has no flash_attn_varlen_func")
+
+
+def test_plugins_list_shows_it_unavailable_with_the_reason(no_flash):
+    manager = PluginManager(autoload=True, disabled=()).load()
+    record = next(r for r in manager.status() if r.name == "flash_attn")
+    assert (record.status, record.reason) == ("unavailable", plugin.flash_attention_2_unavailable())
+
+
+# ------------------------------------------------------------------ the kernel (CPU stand-in)
+
+
+def _qkv(length, heads=4, kv_heads=2, dim=8, dtype=torch.bfloat16):
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randn(length, h, dim, generator=generator).to(dtype).requires_grad_()
+            for h in (heads, kv_heads, kv_heads)]
+
+
+@pytest.mark.parametrize("kernel", [flash_attention_2, flash_attention_3])
+def test_kernel_passes_the_samples_and_matches_sdpa_attention(fake_flash, kernel):
+    from prime_plugin_custom.layers import sdpa_attention
+
+    lengths = [5, 9, 2]
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    q, k, v = _qkv(len(positions))
+    out = kernel(q, k, v, Packing.from_position_ids(positions), 0.3)
+    assert fake_flash.calls == [{"cu": [0, 5, 14, 16], "max": 9, "scale": 0.3, "causal": True}]
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+
+    ref_inputs = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref = sdpa_attention(*ref_inputs, Packing.from_position_ids(positions), 0.3)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    probe = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1))
+    grads = torch.autograd.grad((out.float() * probe).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((ref * probe).sum(), ref_inputs)
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+
+
+def test_kernel_refuses_float32_and_context_parallel_subsets(fake_flash):
+    positions = torch.arange(8)
+    q, k, v = _qkv(8, dtype=torch.float32)
+    with pytest.raises(TypeError, match="bfloat16 or float16, got q torch.float32.*attn = 'sdpa'"):
+        flash_attention_2(q, k, v, Packing.from_position_ids(positions), 0.3)
+    local = cp_indices(8, 1, 2)
+    q, k, v = (t.detach().bfloat16()[local] for t in (q, k, v))
+    with pytest.raises(ValueError, match="context-parallel subset.*cp_style = 'ulysses'"):
+        flash_attention_2(q, k, v, Packing.from_position_ids(positions).select(local), 0.3)
+    assert fake_flash.calls == []
+
+
+def test_kernel_refuses_heads_that_do_not_group(fake_flash):
+    q, k, v = _qkv(4, heads=3, kv_heads=2)
+    with pytest.raises(ValueError, match="3 query heads are not a multiple of 2"):
+        flash_attention_2(q, k, v, Packing.from_position_ids(torch.arange(4)), 0.3)
+
+
+def test_an_empty_row_gives_an_empty_output(fake_flash):
+    q, k, v = _qkv(0)
+    out = flash_attention_2(q, k, v, _empty_packing(), 0.3)
+    assert out.shape == (0, 4, 8) and fake_flash.calls == []
+
+
+# ------------------------------------------------------------------ the native model selecting it
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3(tmp_path_factory):
+    from prime_plugin_custom.tiny import save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "qwen3", "Qwen3ForCausalLM")
+
+
+@pytest.fixture
+def installed_plugins():
+    manager = PluginManager(autoload=True, disabled=()).load()
+    set_plugin_manager(manager)
+    yield manager
+    set_plugin_manager(None)
+
+
+def _model_config(folder, attn):
+    return SimpleNamespace(name=str(folder), dtype="bfloat16", attn=attn, trust_remote_code=False)
+
+
+def test_selecting_it_where_it_cannot_run_names_the_fix(tiny_qwen3, installed_plugins, no_flash):
+    from prime_plugin_custom.build import build
+
+    with pytest.raises(PluginError) as info:
+        build(_model_config(tiny_qwen3, "flash_attention_2"))
+    message = str(info.value)
+    assert message.startswith("trainer.model.attn = 'flash_attention_2': the kernel 'attention:flash_attention_2' "
+                              "from plugin 'flash_attn' (prime-plugin-flash-attn")
+    assert "cannot run here: flash_attn is not installed" in message and "pip install flash-attn" in message
+
+
+def test_the_native_model_runs_on_it(tiny_qwen3, installed_plugins, fake_flash, monkeypatch):
+    from prime_plugin_custom.build import build
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    flash, sdpa = build(_model_config(tiny_qwen3, "flash_attention_2")), build(_model_config(tiny_qwen3, "sdpa"))
+    assert flash.model.layers[0].self_attn.attention_fn is plugin._flash_attention_2
+    positions = torch.cat([torch.arange(6), torch.arange(10)])[None]
+    ids = torch.randint(0, 256, positions.shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got, want = (model(input_ids=ids, position_ids=positions).logits.float() for model in (flash, sdpa))
+    # one flash call per layer, the row's boundaries computed once
+    assert [c["cu"] for c in fake_flash.calls] == [[0, 6, 16]] * len(flash.model.layers)
+    torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)

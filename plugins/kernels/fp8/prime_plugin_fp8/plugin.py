@@ -1,9 +1,48 @@
-"""Hooks of prime-plugin-fp8.
+"""Hooks of prime-plugin-fp8: the ``fp8_linear`` kernels, block-scaled FP8 training GEMMs for
+the transformer blocks' linear layers.
 
-Block-scaled FP8 linear layers (DeepGEMM or torch._scaled_mm).
-
-Nothing is registered yet: the `fp8_linear` kernels is not implemented in this version, and a
-plugin never claims a capability it does not have.
+Registered as ``fp8_linear:auto``, ``fp8_linear:deep_gemm``, ``fp8_linear:torch`` and
+``fp8_linear:emulated``. Each ``impl(model, *, fp8_wgrad=True) -> int`` converts ``model``'s
+block projections in place to FP8 linears running that backend and returns how many it
+converted (``convert.convert``). ``auto`` picks per device at run time (DeepGEMM, else
+``torch._scaled_mm``; the emulated reference off CUDA). Importing this module does not
+import torch.
 """
 
+from __future__ import annotations
+
+import functools
+
+from prime_core import hookimpl
+from prime_core.specs import Kernel
+
 PRIME_PLUGIN_API = 1
+
+_DESCRIPTIONS = {
+    "auto": "block-scaled FP8 linears; per device: deep_gemm, else torch, else (off CUDA) emulated",
+    "deep_gemm": "block-scaled FP8 linears on DeepGEMM's fp8_gemm_nt (SM90)",
+    "torch": "block-scaled FP8 linears on torch scaled_mm (blockwise recipes on SM90, per-K-chunk elsewhere)",
+    "emulated": "block-scaled FP8 linears emulated in float32 (any device; the numerical reference)",
+}
+
+
+def _convert(model, *, backend: str, fp8_wgrad: bool = True) -> int:
+    from prime_plugin_fp8.convert import convert
+
+    return convert(model, backend, fp8_wgrad=fp8_wgrad)
+
+
+def _unavailable(name: str) -> str | None:
+    from prime_plugin_fp8.gemm import unavailable
+
+    return unavailable(name)
+
+
+@hookimpl
+def prime_kernels():
+    return [
+        Kernel(op="fp8_linear", name=name, impl=functools.partial(_convert, backend=name),
+               available=functools.partial(_unavailable, name), description=description,
+               reference="" if name == "emulated" else "emulated")
+        for name, description in _DESCRIPTIONS.items()
+    ]

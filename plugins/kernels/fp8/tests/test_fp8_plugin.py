@@ -1,17 +1,83 @@
-"""prime-plugin-fp8 loads through its entry point and claims nothing it cannot do yet."""
+"""prime-plugin-fp8 loads through its entry point, registers the ``fp8_linear`` kernels with
+honest availability, satisfies ``trainer.model.quantization = "fp8"``, and imports no torch."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from prime_plugin_fp8 import gemm, plugin
 
 from prime_core import PLUGIN_API_VERSION
+from prime_core.config.checks import check, schema_for
+from prime_core.errors import PluginError
 from prime_core.plugins import PluginManager
+from prime_core.specs import Kernel
 
-import prime_plugin_fp8.plugin as plugin
+KEYS = ["fp8_linear:auto", "fp8_linear:deep_gemm", "fp8_linear:emulated", "fp8_linear:torch"]
+
+
+@pytest.fixture(scope="module")
+def manager():
+    return PluginManager(autoload=True, disabled=()).load()
 
 
 def test_declares_the_plugin_api():
     assert plugin.PRIME_PLUGIN_API == PLUGIN_API_VERSION
 
 
-def test_loads_as_active_and_provides_nothing_yet():
-    manager = PluginManager(autoload=True, disabled=()).load()
+def test_registers_the_fp8_linear_kernels(manager):
     record = manager.records["fp8"]
     assert (record.status, record.dist) == ("active", "prime-plugin-fp8")
-    assert manager.provided_by(record) == {}
+    assert sorted(s.key for s in manager.provided_by(record)["prime_kernels"]) == KEYS
+    for key in KEYS:
+        spec = manager.registry("kernels")[key].spec
+        assert isinstance(spec, Kernel) and spec.description
+        assert spec.reference == ("" if key.endswith("emulated") else "emulated")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the reasons given on a machine without a GPU")
+def test_availability_reasons_without_a_gpu(manager):
+    kernels = manager.registry("kernels")
+    assert kernels["fp8_linear:emulated"].spec.unavailable_reason() is None
+    assert kernels["fp8_linear:auto"].spec.unavailable_reason() is None  # the emulated reference, off CUDA
+    assert "needs a CUDA GPU" in kernels["fp8_linear:torch"].spec.unavailable_reason()
+    reason = kernels["fp8_linear:deep_gemm"].spec.unavailable_reason()
+    assert "deep_gemm is not installed" in reason and "DeepGEMM" in reason
+    with pytest.raises(PluginError, match="needs a CUDA GPU"):
+        manager.select("kernels", "fp8_linear:torch")
+
+
+def test_availability_reasons_for_gpus_without_fp8(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(gemm, "_capability_without_init", lambda: (8, 0))
+    for name in ("auto", "torch"):
+        assert "compute capability >= 8.9" in gemm.unavailable(name) and "is 8.0" in gemm.unavailable(name)
+    monkeypatch.setattr(gemm, "_capability_without_init", lambda: (10, 0))
+    assert gemm.unavailable("torch") is None and gemm.unavailable("auto") is None
+    monkeypatch.setattr(gemm.importlib.util, "find_spec", lambda name: object())
+    assert "SM90 (Hopper) only" in gemm.unavailable("deep_gemm")
+    monkeypatch.setattr(gemm, "_capability_without_init", lambda: None)  # unknown: checked at first use
+    assert gemm.unavailable("deep_gemm") is None
+
+
+def test_kernel_impl_converts_a_model(manager):
+    from prime_plugin_custom.model import CausalLM
+    from prime_plugin_custom.tiny import tiny_config
+
+    with torch.device("meta"):
+        model = CausalLM(tiny_config("Qwen3ForCausalLM"))
+    assert manager.select("kernels", "fp8_linear:emulated").impl(model) == 14
+    assert "fp8=emulated" in repr(model.model.layers[0].self_attn.q_proj)
+
+
+def test_satisfies_the_quantization_setting(manager):
+    config = schema_for("trainer", manager).model_validate({"model": {"quantization": "fp8"}})
+    assert check(config, "trainer", manager) == []
+
+
+def test_importing_the_plugin_does_not_import_torch():
+    code = ("import sys, prime_plugin_fp8.plugin as p; p.prime_kernels(); "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)

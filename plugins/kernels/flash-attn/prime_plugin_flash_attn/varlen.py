@@ -1,0 +1,94 @@
+"""flash-attention's varlen kernels behind the ``attention_fn(q, k, v, packing, scale)`` contract
+of ``prime_core.trainer.packing``: a packed row is one varlen batch whose sequences are the
+row's samples, so causal attention within each sample is flash-attention's own ``causal=True``
+and nothing crosses a sample boundary.
+
+Only whole rows (``packing.contiguous``) are taken: see ``whole_row``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_CACHE = "_flash_attn_cu_seqlens"
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+def cu_seqlens(packing) -> tuple[torch.Tensor, int]:
+    """``(cu [S + 1] int32, max_len)`` for a contiguous packing of S samples: ``cu[i]`` is where
+    sample ``i`` starts, ``cu[S]`` the row length, ``max_len`` the longest sample (0 for an
+    empty row, whose ``cu`` is ``[0]``).
+
+    Kept on the packing: every layer of a forward pass sees the same packing object, and the
+    boundaries cost one device-to-host copy (flash-attention needs ``max_len`` as a Python int)."""
+    cached = getattr(packing, _CACHE, None)
+    if cached is not None:
+        return cached
+    if not packing.contiguous:
+        raise ValueError(f"cu_seqlens needs the whole row; this packing holds {packing.index.numel()} of its "
+                         f"{packing.length} tokens (a context-parallel subset)")
+    segments = packing.segment_ids.reshape(-1)
+    length = segments.numel()
+    if length == 0:
+        bounds = torch.zeros(1, dtype=torch.int32)
+    else:
+        starts = (segments[1:] != segments[:-1]).nonzero().flatten().add(1).cpu()
+        bounds = torch.cat([starts.new_zeros(1), starts, starts.new_full((1,), length)]).to(torch.int32)
+    max_len = int((bounds[1:] - bounds[:-1]).max()) if length else 0
+    result = (bounds.to(segments.device), max_len)
+    setattr(packing, _CACHE, result)
+    return result
+
+
+def whole_row(packing, name: str) -> None:
+    """Refuse a context-parallel subset of a row. The ``cp`` strategy never hands one to the
+    model's kernel (``ring`` runs its own block kernel, ``ulysses`` gathers whole rows first),
+    so one arriving here is a wiring error; masking it densely would hide that behind an
+    ``L x L`` mask."""
+    if not packing.contiguous:
+        raise ValueError(
+            f"attention:{name} takes whole packed rows, but this packing holds {packing.index.numel()} of the row's "
+            f"{packing.length} tokens (a context-parallel subset). Run context parallelism through the cp strategy "
+            "(trainer.model.cp > 1): cp_style = 'ulysses' hands this kernel whole rows, cp_style = 'ring' uses its "
+            "own block kernel")
+
+
+def check_inputs(q, k, v, name: str) -> None:
+    if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"attention:{name} needs q [L, Hq, D] and k, v [L, Hkv, D]; got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"attention:{name}: {q.shape[1]} query heads are not a multiple of {k.shape[1]} key/value "
+                         "heads")
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"attention:{name} runs in bfloat16 or float16, got q {q.dtype}, k {k.dtype}, v {v.dtype}; "
+                        "set trainer.model.dtype = 'bfloat16', or trainer.model.attn = 'sdpa' for float32")
+
+
+def _varlen(fn, q, k, v, packing, scale, name: str):
+    whole_row(packing, name)
+    check_inputs(q, k, v, name)
+    if q.shape[0] == 0:
+        return q.new_empty(q.shape)
+    cu, max_len = cu_seqlens(packing)
+    cu = cu.to(q.device)
+    out = fn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len, max_seqlen_k=max_len,
+             softmax_scale=float(scale), causal=True)
+    # flash-attn 3 betas returned (out, softmax_lse) unconditionally; later ones only on request.
+    return out[0] if isinstance(out, tuple) else out
+
+
+def flash_attention_2(q, k, v, packing, scale):
+    """``attention:flash_attention_2``: ``flash_attn.flash_attn_varlen_func`` over the samples of
+    ``packing`` (GQA: kv heads as they are). q ``[L, Hq, D]``, k/v ``[L, Hkv, D]`` -> ``[L, Hq, D]``."""
+    from flash_attn import flash_attn_varlen_func
+
+    return _varlen(flash_attn_varlen_func, q, k, v, packing, scale, "flash_attention_2")
+
+
+def flash_attention_3(q, k, v, packing, scale):
+    """``attention:flash_attention_3``: flash-attention 3's ``flash_attn_interface.flash_attn_varlen_func``
+    (Hopper), same contract as ``flash_attention_2``."""
+    from flash_attn_interface import flash_attn_varlen_func
+
+    return _varlen(flash_attn_varlen_func, q, k, v, packing, scale, "flash_attention_3")

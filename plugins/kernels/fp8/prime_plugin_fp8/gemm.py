@@ -1,0 +1,315 @@
+"""The FP8 GEMM of every backend, and how a backend is chosen.
+
+One contract for all: ``gemm(a, b, b_block=..., out_dtype=..., backend=...)`` computes
+``A @ B.T`` from ``a = (q [M, Kp], scale [M, Kp / 128])`` (1×128 blocks, ``quantize_rows``)
+and ``b = (q [N, Kp], scale)`` with 128×128 blocks (``b_block=128``, ``quantize_blocks``:
+weights) or 1×128 blocks (``b_block=1``, ``quantize_rows``: the weight-gradient product,
+where both operands are scaled along the token dimension). Products accumulate in float32
+(at least); the result is ``[M, N]`` in ``out_dtype``.
+
+- ``emulated``: dequantise both operands, then one matmul (float32 on CPU; float64 on CUDA,
+  where a global TF32 setting would otherwise round the reference). Any device; the reference.
+- ``torch``: ``torch.nn.functional.scaled_mm`` with the ``BlockWise1x128`` /
+  ``BlockWise128x128`` recipes (cuBLASLt; PyTorch allows them on SM90 only, with cuBLAS ≥ 12.9)
+  — the ``blockwise`` mode. Elsewhere (SM89, SM100+, a torch without the recipes, an older
+  cuBLAS) the ``chunked`` mode: one row-wise-scaled ``torch._scaled_mm`` per 128-wide K chunk,
+  summed in float32. ``chunked`` is exact to the recipe but slow (K / 128 GEMMs, each writing
+  an ``[M, N]`` float32 partial): a correctness fallback, not a fast path.
+- ``deep_gemm``: DeepGEMM's ``fp8_gemm_nt`` (SM90, float32 scales): the 1D2D kernel for
+  128×128 weights, the 1D1D kernel (``recipe=(1, 1, 128)``, float32 output accumulated into
+  zeros) for the weight gradient.
+- ``auto``: per device, ``deep_gemm`` where it can run, else ``torch``; ``emulated`` off CUDA.
+
+Availability checks never initialise CUDA: the compute capability is read from torch when
+CUDA is already initialised, else from NVML (``pynvml``) or ``nvidia-smi`` (the node's first
+GPU, whatever ``CUDA_VISIBLE_DEVICES`` says: advisory); when none can tell, the check passes.
+``resolve`` checks the real device again at the first GEMM on it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import shutil
+import subprocess
+
+BACKENDS = ("deep_gemm", "torch", "emulated")
+NAMES = ("auto", *BACKENDS)
+DEEP_GEMM_HINT = ("build DeepGEMM from github.com/deepseek-ai/DeepGEMM (git clone --recursive, then "
+                  "./install.sh; needs CUDA >= 12.9)")
+log = logging.getLogger("prime.fp8")
+
+
+# ---- where each backend can run ---------------------------------------------------------
+
+@functools.cache
+def _capability_without_init() -> tuple[int, int] | None:
+    try:
+        import pynvml
+    except ImportError:
+        pynvml = None
+    if pynvml is not None:
+        try:
+            pynvml.nvmlInit()
+            return tuple(pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(0)))
+        except pynvml.NVMLError as exc:
+            log.debug("NVML could not tell the compute capability: %s", exc)
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10, check=True).stdout
+            major, minor = out.split()[0].split(".")
+            return int(major), int(minor)
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+            log.debug("nvidia-smi could not tell the compute capability: %s", exc)
+    return None
+
+
+def capability(device=None) -> tuple[int, int] | None:
+    """Compute capability of ``device`` (default: the first GPU), ``None`` when it cannot be
+    known without initialising CUDA."""
+    import torch
+
+    if device is not None or torch.cuda.is_initialized():
+        return torch.cuda.get_device_capability(device)
+    return _capability_without_init()
+
+
+def unavailable(name: str) -> str | None:
+    """Why backend ``name`` cannot run here, ``None`` when it can. Cheap; no CUDA context."""
+    if name == "emulated":
+        return None
+    import torch
+
+    if name == "auto":
+        # Off CUDA, auto means the emulated reference; on a GPU it needs FP8 tensor cores.
+        cap = capability() if torch.cuda.is_available() else None
+        if cap is not None and cap < (8, 9):
+            return _old_gpu(cap)
+        return None
+    if name == "deep_gemm" and importlib.util.find_spec("deep_gemm") is None:
+        return f"deep_gemm is not installed: {DEEP_GEMM_HINT}"
+    if not torch.cuda.is_available():
+        return f"the {name} FP8 backend needs a CUDA GPU (none visible here)"
+    cap = capability()
+    if cap is None:
+        return None
+    if name == "torch" and cap < (8, 9):
+        return _old_gpu(cap)
+    if name == "deep_gemm" and cap[0] != 9:
+        return (f"the deep_gemm FP8 backend runs on SM90 (Hopper) only, this GPU is sm{cap[0]}{cap[1]} "
+                "(DeepGEMM on SM100 takes UE8M0 scales, which this plugin does not produce); use 'torch'")
+    return None
+
+
+def _old_gpu(cap) -> str:
+    return (f"FP8 GEMMs need FP8 tensor cores: compute capability >= 8.9 (Ada, Hopper, Blackwell); this GPU "
+            f"is {cap[0]}.{cap[1]}")
+
+
+@functools.cache
+def resolve(name: str, device) -> str:
+    """The backend that runs for ``name`` on ``device`` (``auto`` resolved); raises with the
+    reason when it cannot run there."""
+    if name not in NAMES:
+        raise ValueError(f"unknown FP8 backend {name!r}: choose one of {', '.join(NAMES)}")
+    on_cuda = device.type == "cuda"
+    if name == "auto":
+        if not on_cuda:
+            return "emulated"
+        reasons = {b: _unavailable_on(b, device) for b in ("deep_gemm", "torch")}
+        for backend, reason in reasons.items():
+            if reason is None:
+                return backend
+        raise RuntimeError("no FP8 backend can run on " + str(device) + ": "
+                           + "; ".join(f"{b}: {r}" for b, r in reasons.items()))
+    if name == "emulated":
+        return name
+    if not on_cuda:
+        raise RuntimeError(f"the {name} FP8 backend needs CUDA tensors, got {device.type} ones "
+                           "(use 'emulated' or 'auto' off the GPU)")
+    reason = _unavailable_on(name, device)
+    if reason is not None:
+        raise RuntimeError(reason)
+    return name
+
+
+def _unavailable_on(name: str, device) -> str | None:
+    reason = unavailable(name)
+    if reason is not None:
+        return reason
+    cap = capability(device)  # CUDA is initialised by now: the tensors live there
+    if cap < (8, 9):
+        return _old_gpu(cap)
+    if name == "deep_gemm" and cap[0] != 9:
+        return f"the deep_gemm FP8 backend runs on SM90 (Hopper) only, {device} is sm{cap[0]}{cap[1]}"
+    return None
+
+
+# ---- the GEMMs --------------------------------------------------------------------------
+
+def gemm(a, b, *, b_block: int, out_dtype, backend: str):
+    """``A @ B.T`` (see the module docstring) with ``backend`` (``auto`` allowed)."""
+    import torch
+
+    qa, qb = a[0], b[0]
+    if qa.shape[1] != qb.shape[1]:
+        raise ValueError(f"FP8 GEMM operands disagree on K: {tuple(qa.shape)} and {tuple(qb.shape)}")
+    if b_block not in (1, 128):
+        raise ValueError(f"b_block must be 1 or 128, got {b_block}")
+    m, n = qa.shape[0], qb.shape[0]
+    if m == 0 or n == 0:
+        return torch.zeros(m, n, dtype=out_dtype, device=qa.device)
+    name = resolve(backend, qa.device)
+    # Autocast would round the emulated matmul (and the chunk sums) to bf16: the operands are
+    # already exact, the precision is the backend's to choose.
+    with torch.autocast(qa.device.type, enabled=False):
+        return _IMPLS[name](a, b, b_block=b_block, out_dtype=out_dtype)
+
+
+def emulated_gemm(a, b, *, b_block: int, out_dtype):
+    from prime_plugin_fp8.quant import dequantize_blocks, dequantize_rows
+
+    da = dequantize_rows(*a)
+    db = dequantize_blocks(*b) if b_block == 128 else dequantize_rows(*b)
+    if da.is_cuda:
+        da, db = da.double(), db.double()
+    return (da @ db.T).to(out_dtype)
+
+
+def _pad_rows(b, b_block: int, multiple: int = 16):
+    """``b`` with zero rows added up to a multiple of 16: cuBLASLt and DeepGEMM's TMA need the
+    output's row length 16-aligned. Never crosses into a new 128-row block of scales."""
+    import torch
+
+    q, scale = b
+    n = q.shape[0]
+    extra = -n % multiple
+    if not extra:
+        return b, n
+    q = torch.cat([q, q.new_zeros(extra, q.shape[1])])
+    if b_block == 1:
+        scale = torch.cat([scale, scale.new_ones(extra, scale.shape[1])])
+    return (q, scale), n
+
+
+def _out_dtype(out_dtype):
+    import torch
+
+    return torch.bfloat16 if out_dtype == torch.bfloat16 else torch.float32
+
+
+# torch: "blockwise" until a device proves it cannot (then "chunked" for that device, and
+# PyTorch's reason is kept in _torch_fallbacks).
+_torch_modes: dict = {}
+_torch_fallbacks: dict = {}
+
+
+def torch_mode(device) -> str:
+    """``blockwise`` or ``chunked``: what the torch backend uses on ``device``."""
+    import torch.nn.functional as F
+
+    key = str(device)
+    if key not in _torch_modes:
+        recipes = getattr(F, "ScalingType", None)
+        ok = (device.type == "cuda" and hasattr(F, "scaled_mm") and recipes is not None
+              and hasattr(recipes, "BlockWise128x128") and capability(device)[0] == 9)
+        _torch_modes[key] = "blockwise" if ok else "chunked"
+    return _torch_modes[key]
+
+
+def torch_gemm(a, b, *, b_block: int, out_dtype, mode: str | None = None):
+    mode = mode or torch_mode(a[0].device)
+    if mode == "blockwise":
+        try:
+            return torch_blockwise_gemm(a, b, b_block=b_block, out_dtype=out_dtype)
+        except NotImplementedError as exc:  # PyTorch's "needs SM90 / cublasLt >= 12.9" refusals
+            log.warning("torch blockwise FP8 GEMM unavailable on %s (%s); using per-K-chunk _scaled_mm",
+                        a[0].device, exc)
+            _torch_modes[str(a[0].device)] = "chunked"
+            _torch_fallbacks[str(a[0].device)] = str(exc)
+    return torch_chunked_gemm(a, b, b_block=b_block, out_dtype=out_dtype)
+
+
+def blockwise_scales(a_scale, b_scale, b_block: int):
+    """The scale tensors in the layouts ``scaled_mm``'s DeepSeek recipes check: 1×128 scales
+    ``[rows, K / 128]`` with strides ``(1, rows)``; 128×128 scales as ``[L4, ceil(N / 128)]``
+    with strides ``(1, L4)``, ``L4`` = K blocks rounded up to 4 (zero-filled)."""
+    def outer_major(scale, rows: int):
+        # Built with explicit strides: .t().contiguous().t() keeps the old strides when a
+        # dimension has size 1, and PyTorch's stride check then refuses a single-row scale.
+        out = scale.new_zeros(rows * scale.shape[1]).as_strided((rows, scale.shape[1]), (1, rows))
+        out[: scale.shape[0]] = scale
+        return out
+
+    sa = outer_major(a_scale, a_scale.shape[0])
+    if b_block == 1:
+        return sa, outer_major(b_scale, b_scale.shape[0])
+    kb = b_scale.shape[1]
+    return sa, outer_major(b_scale.t(), kb + (-kb % 4))
+
+
+def torch_blockwise_gemm(a, b, *, b_block: int, out_dtype):
+    import torch.nn.functional as F
+
+    b, n = _pad_rows(b, b_block)
+    sa, sb = blockwise_scales(a[1], b[1], b_block)
+    recipe_b = F.ScalingType.BlockWise128x128 if b_block == 128 else F.ScalingType.BlockWise1x128
+    out = F.scaled_mm(a[0], b[0].t(), scale_a=sa, scale_recipe_a=F.ScalingType.BlockWise1x128,
+                      scale_b=sb, scale_recipe_b=recipe_b, output_dtype=_out_dtype(out_dtype))
+    return out[:, :n].to(out_dtype)
+
+
+# Row-wise _scaled_mm writes float32 through cuBLASLt (SM90+, cuBLAS >= 12.9) but only
+# bf16 through its CUTLASS fallback (SM89, older cuBLAS): found out once per device.
+_chunk_dtypes: dict = {}
+
+
+def torch_chunked_gemm(a, b, *, b_block: int, out_dtype):
+    """One row-wise ``torch._scaled_mm`` per 128-wide K chunk, each chunk's block scales
+    becoming the per-row (A) and per-column (B) scales, summed in float32. Runs on CPU too."""
+    import torch
+
+    from prime_plugin_fp8.quant import BLOCK
+
+    b, n = _pad_rows(b, b_block)
+    (qa, sa), (qb, sb) = a, b
+    if b_block == 128:
+        sb = sb.repeat_interleave(BLOCK, dim=0)[: qb.shape[0]]
+    out = torch.zeros(qa.shape[0], qb.shape[0], dtype=torch.float32, device=qa.device)
+    key = str(qa.device)
+    for j in range(qa.shape[1] // BLOCK):
+        cols = slice(j * BLOCK, (j + 1) * BLOCK)
+        args = (qa[:, cols], qb[:, cols].t(), sa[:, j : j + 1].contiguous(), sb[:, j][None].contiguous())
+        dtype = _chunk_dtypes.get(key, torch.float32)
+        try:
+            partial = torch._scaled_mm(*args, out_dtype=dtype)
+        except (RuntimeError, ValueError):
+            if dtype != torch.float32 or not qa.is_cuda:
+                raise
+            _chunk_dtypes[key] = torch.bfloat16
+            partial = torch._scaled_mm(*args, out_dtype=torch.bfloat16)
+        _chunk_dtypes.setdefault(key, dtype)
+        out += partial
+    return out[:, :n].to(out_dtype)
+
+
+def deep_gemm_gemm(a, b, *, b_block: int, out_dtype):
+    import deep_gemm
+    import torch
+
+    b, n = _pad_rows(b, b_block)
+    m = a[0].shape[0]
+    if b_block == 128:
+        # The 1D2D kernel writes bf16 only.
+        out = torch.empty(m, b[0].shape[0], dtype=torch.bfloat16, device=a[0].device)
+        deep_gemm.fp8_gemm_nt(a, b, out, recipe=(1, 128, 128), disable_ue8m0_cast=True)
+    else:
+        # The 1D1D (weight-gradient) kernel accumulates into a float32 C = D.
+        out = torch.zeros(m, b[0].shape[0], dtype=torch.float32, device=a[0].device)
+        deep_gemm.fp8_gemm_nt(a, b, out, c=out, recipe=(1, 1, 128), disable_ue8m0_cast=True)
+    return out[:, :n].to(out_dtype)
+
+
+_IMPLS = {"emulated": emulated_gemm, "torch": torch_gemm, "deep_gemm": deep_gemm_gemm}

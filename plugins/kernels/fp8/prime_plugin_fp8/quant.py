@@ -1,0 +1,84 @@
+"""Block-scaled FP8 quantisation (DeepSeek-V3's recipe), in plain PyTorch on any device.
+
+- ``quantize_rows(x [M, K])``: one scale per 1×128 block along K (activations and
+  gradients: a token's outlier only coarsens its own 128 values).
+- ``quantize_blocks(w [N, K])``: one scale per 128×128 block (weights: the scales of ``W`` and
+  of ``W.T`` are the same blocks, so either product can use them).
+
+Values are ``torch.float8_e4m3fn``; scales are float32 and are *dequantisation* scales,
+``x ≈ q.float() * scale``, with ``scale = amax(block) / 448`` so each block's largest
+magnitude maps to e4m3's largest finite value. A block of zeros gets scale 1 (its values
+quantise to 0 whatever the scale; 1 keeps the scale finite and non-zero). There is no lower
+clamp on ``amax``: gradients can be tiny and must not be flushed to zero.
+
+K that is not a multiple of 128 is padded with zeros up to ``Kp = 128 * ceil(K / 128)``:
+``q`` is ``[M, Kp]`` and scales ``[M, Kp / 128]``. Zeros change no block's ``amax`` and add
+nothing to a dot product, so a GEMM over ``Kp`` gives the product over ``K``. Rows (M, N) are
+never padded; the last 128-row block of a weight is simply shorter.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+BLOCK = 128
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+
+
+def padded(k: int) -> int:
+    """``k`` rounded up to a multiple of the 128 block."""
+    return -(-k // BLOCK) * BLOCK
+
+
+def _scales(amax: torch.Tensor) -> torch.Tensor:
+    scale = amax / FP8_MAX
+    # 0 for an all-zero block (or an amax so small that amax / 448 underflows): its values
+    # quantise to 0 with any finite scale. NaN stays NaN, as it would in bf16.
+    return torch.where(scale == 0, torch.ones_like(scale), scale)
+
+
+def _cast(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    # e4m3fn has no infinity: anything past 448 would become NaN, so the (rounding-level)
+    # overshoot of amax / scale is clamped.
+    return (x / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` (any float dtype, any strides) -> ``(q [M, Kp] float8_e4m3fn, scale
+    [M, Kp / 128] float32)``, one scale per 1×128 block along K."""
+    if x.dim() != 2:
+        raise ValueError(f"quantize_rows takes a 2-D tensor, got shape {tuple(x.shape)}")
+    m, k = x.shape
+    kp = padded(k)
+    x = F.pad(x.float(), (0, kp - k)).reshape(m, kp // BLOCK, BLOCK)
+    scale = _scales(x.abs().amax(dim=-1))
+    return _cast(x, scale[..., None]).view(m, kp), scale
+
+
+def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w [N, K]`` -> ``(q [N, Kp] float8_e4m3fn, scale [ceil(N / 128), Kp / 128] float32)``,
+    one scale per 128×128 block."""
+    if w.dim() != 2:
+        raise ValueError(f"quantize_blocks takes a 2-D tensor, got shape {tuple(w.shape)}")
+    n, k = w.shape
+    kp, np_ = padded(k), padded(n)
+    w = F.pad(w.float(), (0, kp - k, 0, np_ - n)).reshape(np_ // BLOCK, BLOCK, kp // BLOCK, BLOCK)
+    scale = _scales(w.abs().amax(dim=(1, 3)))
+    q = _cast(w, scale[:, None, :, None]).view(np_, kp)
+    return q[:n], scale
+
+
+def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, k: int | None = None) -> torch.Tensor:
+    """float32 ``[M, k]`` from ``quantize_rows``' output (``k`` drops the padding)."""
+    m, kp = q.shape
+    x = (q.float().view(m, kp // BLOCK, BLOCK) * scale[..., None]).view(m, kp)
+    return x if k is None else x[:, :k]
+
+
+def dequantize_blocks(q: torch.Tensor, scale: torch.Tensor, k: int | None = None) -> torch.Tensor:
+    """float32 ``[N, k]`` from ``quantize_blocks``' output (``k`` drops the padding)."""
+    expanded = scale.repeat_interleave(BLOCK, dim=0)[: q.shape[0]].repeat_interleave(BLOCK, dim=1)
+    x = q.float() * expanded
+    return x if k is None else x[:, :k]
