@@ -83,6 +83,8 @@ def build_policy(model_config, manager, world, *, only: set[str] | None = None) 
     original = model.state_dict() if world.size > 1 and world.main else None
     full = None
     for name in names + (["fsdp"] if use_fsdp else []):
+        if name != "lora":
+            _quantize(policy, model_config, manager)
         if name == "fsdp" and original is not None:
             from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
@@ -98,11 +100,25 @@ def build_policy(model_config, manager, world, *, only: set[str] | None = None) 
             result = result.model
         policy.model = result
         policy.applied.append(name)
+    _quantize(policy, model_config, manager)
     if not use_fsdp:
         policy.model.to(world.device)
     elif world.size > 1:
         _broadcast_weights(policy.model, full, world, offloaded=model_config.fsdp_cpu_offload)
     return policy
+
+
+def _quantize(policy: Policy, model_config, manager) -> None:
+    """``trainer.model.quantization = "fp8"``: the blocks' linear layers compute in FP8 (after
+    LoRA, whose base layers it converts, and before every strategy that wraps or shards).
+    Like LoRA it changes the model, so parity references get it too."""
+    if model_config.quantization != "fp8" or "fp8" in policy.applied:
+        return
+    spec = manager.select("kernels", "fp8_linear:auto", key="trainer.model.quantization")
+    if not spec.impl(policy.model):
+        raise PluginError("trainer.model.quantization = 'fp8': the model has no block linear layers "
+                          "(q_proj ... down_proj) to convert", hint="unset trainer.model.quantization")
+    policy.applied.append("fp8")
 
 
 def _broadcast_weights(model, full: dict | None, world, *, offloaded: bool) -> None:
