@@ -90,6 +90,10 @@ class TrainerModelConfig(ModelRef):
         Requires("kernels", "lm_head:fused", when=lambda m: m.fused_lm_head_token_chunk_size != "disabled"),
     ] = "disabled"
     quantization: Annotated[Literal["fp8"] | None, Requires("kernels", "fp8_linear:*")] = None
+    kernels: dict[str, str] = Field(default_factory=dict)
+    """Kernels by op, from the kernel registry (``op:name``): ``rmsnorm``, ``swiglu``, ``rope``
+    for native models (``{rmsnorm = "liger", swiglu = "liger", rope = "liger"}``), ``hf_patch``
+    for the hf implementation (``{hf_patch = "liger"}``)."""
 
     @model_validator(mode="after")
     def _incompatible(self) -> TrainerModelConfig:

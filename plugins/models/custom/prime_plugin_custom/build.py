@@ -25,6 +25,30 @@ def attention_kernel(attn: str):
     return get_plugin_manager().select("kernels", f"attention:{attn}", key="trainer.model.attn", shown=attn).impl
 
 
+# trainer.model.kernels ops a native model runs, and the attribute each kernel replaces.
+OP_HOOKS = {"rmsnorm": ("RMSNorm", "norm_fn"), "swiglu": ("MLP", "swiglu_fn"), "rope": ("Attention", "rope_fn")}
+
+
+def attach_kernels(model, kernels: dict[str, str]) -> None:
+    """Point every RMSNorm / MLP / Attention at the kernels ``trainer.model.kernels`` names
+    (``{"rmsnorm": "liger", ...}``: registered as ``rmsnorm:liger``); the eager code otherwise."""
+    from prime_core.errors import ConfigError
+    from prime_core.plugins import get_plugin_manager
+
+    unknown = sorted(set(kernels) - set(OP_HOOKS) - {"hf_patch"})
+    if unknown:
+        raise ConfigError([f"trainer.model.kernels: the native implementation has no op {op!r}; it takes "
+                           f"{', '.join(OP_HOOKS)}" for op in unknown])
+    for op, name in kernels.items():
+        if op not in OP_HOOKS:
+            continue  # hf_patch is for the hf implementation
+        impl = get_plugin_manager().select("kernels", f"{op}:{name}", key=f"trainer.model.kernels.{op}", shown=name).impl
+        cls_name, attr = OP_HOOKS[op]
+        for module in model.modules():
+            if type(module).__name__ == cls_name:
+                setattr(module, attr, impl)
+
+
 def load_config(name: str, *, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
@@ -48,6 +72,7 @@ def build(model_config, *, device: str = "cpu") -> CausalLM:
     dtype = getattr(torch, model_config.dtype)
     with torch.device("meta"):
         model = CausalLM(config, attention_fn=attention_fn)
+    attach_kernels(model, getattr(model_config, "kernels", None) or {})
     model.to(dtype)
     if device == "meta":
         model.init_buffers()

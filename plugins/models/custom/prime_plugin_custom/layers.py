@@ -13,12 +13,17 @@ from prime_core.trainer.packing import allowed
 
 
 class RMSNorm(nn.Module):
+    norm_fn = None
+    """``norm_fn(x, weight, eps)``: a registered ``rmsnorm`` kernel (``trainer.model.kernels``)."""
+
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.norm_fn is not None:
+            return self.norm_fn(x, self.weight, self.eps)
         # As transformers: normalise in float32, round to the input dtype, then scale.
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -125,6 +130,9 @@ class Attention(nn.Module):
     """Grouped-query attention. ``attention_fn(q, k, v, packing, scale)`` is the kernel;
     context-parallel strategies replace it, so it is only ever called through the attribute."""
 
+    rope_fn = None
+    """``rope_fn(q, k, cos, sin) -> (q, k)``: a registered ``rope`` kernel (``trainer.model.kernels``)."""
+
     def __init__(self, *, hidden: int, heads: int, kv_heads: int, head_dim: int, qkv_bias: bool, o_bias: bool,
                  qk_norm: bool, eps: float, attention_fn) -> None:
         super().__init__()
@@ -148,13 +156,19 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(length, self.kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.rope_fn is not None:
+            q, k = self.rope_fn(q, k, cos, sin)
+        else:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = self.attention_fn(q, k, v, packing, self.scale)
         return self.o_proj(out.reshape(length, self.heads * self.head_dim))
 
 
 class MLP(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    swiglu_fn = None
+    """``swiglu_fn(gate, up)``: a registered ``swiglu`` kernel (``trainer.model.kernels``)."""
 
     def __init__(self, hidden: int, intermediate: int, *, bias: bool = False) -> None:
         super().__init__()
@@ -163,4 +177,5 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(self.swiglu_fn(gate, up) if self.swiglu_fn is not None else F.silu(gate) * up)

@@ -24,11 +24,30 @@ def build(model_config, *, device: str = "cpu"):
     if device == "meta":
         config = AutoConfig.from_pretrained(name, trust_remote_code=model_config.trust_remote_code)
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config, dtype=getattr(torch, model_config.dtype),
-                                                    attn_implementation=attn,
-                                                    trust_remote_code=model_config.trust_remote_code)
+            model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, model_config.dtype),
+                                                     attn_implementation=attn,
+                                                     trust_remote_code=model_config.trust_remote_code)
+        return patch(model, model_config)
     model = AutoModelForCausalLM.from_pretrained(
         name, dtype=getattr(torch, model_config.dtype), attn_implementation=attn,
         trust_remote_code=model_config.trust_remote_code,
     )
-    return model.to(device)
+    return patch(model, model_config).to(device)
+
+
+def patch(model, model_config):
+    """``trainer.model.kernels = {hf_patch = NAME}``: the ``hf_patch:NAME`` kernel rewrites the
+    transformers model in place (liger's RMSNorm, SwiGLU, RoPE); other ops are native-only."""
+    kernels = dict(getattr(model_config, "kernels", None) or {})
+    name = kernels.pop("hf_patch", None)
+    if kernels:
+        from prime_core.errors import ConfigError
+
+        raise ConfigError([f"trainer.model.kernels.{op}: kernels by op are for impl = 'custom'; the hf "
+                           "implementation takes only hf_patch (e.g. hf_patch = 'liger')" for op in sorted(kernels)])
+    if name is None:
+        return model
+    from prime_core.plugins import get_plugin_manager
+
+    spec = get_plugin_manager().select("kernels", f"hf_patch:{name}", key="trainer.model.kernels.hf_patch", shown=name)
+    return spec.impl(model) or model
