@@ -54,7 +54,8 @@ def make_model(folder: Path, kind: str, tiny: bool, world) -> Path:
             model = family(config).to(torch.bfloat16)
         model.save_pretrained(folder, safe_serialization=True)
         del model
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     distributed.barrier(world)
     return folder
 
@@ -71,12 +72,12 @@ def all_to_all_share(training, batch, loss_fn) -> float:
         torch.cuda.synchronize()
     total = comm = 0.0
     for event in prof.key_averages():
-        time_us = getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
-        if event.key.startswith(("ncclDevKernel", "ncclKernel")) or "nccl" in event.key.lower():
-            if "SendRecv" in event.key or "AllToAll" in event.key:
-                comm += time_us
-        if getattr(event, "device_type", None) is not None and "CUDA" in str(event.device_type):
-            total += time_us
+        if "CUDA" not in str(getattr(event, "device_type", "")):
+            continue
+        time_us = getattr(event, "device_time_total", 0.0)
+        total += time_us
+        if "nccl" in event.key.lower() and ("SendRecv" in event.key or "AllToAll" in event.key):
+            comm += time_us
     return comm / total if total else 0.0
 
 

@@ -115,14 +115,14 @@ def check(config: BaseModel, root: str, manager: PluginManager | None = None) ->
 def _degree_problems(config: BaseModel, root: str) -> list[str]:
     """Parallel degrees against the trainer processes the deployment starts (a config that
     names its deployment is refused at load time already; this catches the default one)."""
-    from prime_core.launch.config import check_degrees, trainer_processes
+    from prime_core.launch.config import check_degrees
 
     model = {"rl": lambda: config.trainer.model, "sft": lambda: config.model}.get(root)
     if model is None or "deployment" in config.model_fields_set:
         return []
     try:
-        check_degrees(model(), trainer_processes(config.deployment), "trainer.model" if root == "rl" else "model",
-                      "the default deployment: one process")
+        check_degrees(model(), config.deployment, "trainer.model" if root == "rl" else "model",
+                      where="the default deployment: one process")
     except ValueError as exc:
         return [str(exc)]
     return []

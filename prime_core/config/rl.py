@@ -18,8 +18,7 @@ from prime_core.config.base import Section, Toggle
 from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, WandbSection, WeightBroadcastConfig
 from prime_core.inference.config import InferenceConfig
 from prime_core.bench import BenchConfig
-from prime_core.launch.config import (Deployment, SingleNodeDeployment, check_degrees, infer_deployment_type,
-                                      trainer_processes)
+from prime_core.launch.config import Deployment, SingleNodeDeployment, check_degrees, infer_deployment_type
 from prime_core.orchestrator.config import OrchestratorConfig
 from prime_core.trainer.config import TrainerConfig
 
@@ -93,9 +92,7 @@ class RLConfig(Section):
     def _degrees_fit(self) -> RLConfig:
         if "deployment" not in self.model_fields_set:
             return self  # a knobs-only file (the seeds' snippets) is merged with a deployment later
-        where = ("deployment.num_train_gpus" if self.deployment.type == "single_node"
-                 else "deployment.num_train_nodes × gpus_per_node")
-        check_degrees(self.trainer.model, trainer_processes(self.deployment), "trainer.model", where)
+        check_degrees(self.trainer.model, self.deployment, "trainer.model")
         return self
 
     @model_validator(mode="before")

@@ -72,17 +72,20 @@ InferenceDeployment = Annotated[
 ]
 
 
-def trainer_processes(deployment) -> int:
-    """How many trainer processes a deployment starts (RL or SFT)."""
+def trainer_processes(deployment) -> tuple[int, str]:
+    """How many trainer processes a deployment starts (RL or SFT), and the keys that say so."""
     if deployment.type == "single_node":
-        return getattr(deployment, "num_train_gpus", None) or getattr(deployment, "num_gpus", 1)
-    nodes = getattr(deployment, "num_train_nodes", None) or getattr(deployment, "num_nodes", 1)
-    return nodes * deployment.gpus_per_node
+        key = "num_train_gpus" if hasattr(deployment, "num_train_gpus") else "num_gpus"
+        return getattr(deployment, key), f"deployment.{key}"
+    key = "num_train_nodes" if hasattr(deployment, "num_train_nodes") else "num_nodes"
+    return getattr(deployment, key) * deployment.gpus_per_node, f"deployment.{key} × gpus_per_node"
 
 
-def check_degrees(model, processes: int, prefix: str, where: str) -> None:
-    """Refuse parallel degrees that do not divide the trainer processes."""
-    problems = [f"{prefix}.{key} = {degree} does not divide the {processes} trainer processes ({where})"
+def check_degrees(model, deployment, prefix: str, *, where: str | None = None) -> None:
+    """Refuse parallel degrees (``prefix``: ``trainer.model`` or ``model``) that do not divide
+    the trainer processes ``deployment`` starts."""
+    processes, keys = trainer_processes(deployment)
+    problems = [f"{prefix}.{key} = {degree} does not divide the {processes} trainer processes ({where or keys})"
                 for key, degree in (("dp_replicate", model.dp_replicate), ("cp", model.cp), ("ep", model.ep))
                 if degree > 1 and processes % degree]
     if problems:

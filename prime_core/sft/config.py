@@ -10,8 +10,7 @@ from pydantic import Field, model_validator
 from prime_core.bench import BenchConfig
 from prime_core.config.base import ExistingFile, Section, Toggle
 from prime_core.config.shared import CkptConfig, LogConfig, WandbSection
-from prime_core.launch.config import (SFTDeployment, SFTSingleNodeDeployment, check_degrees, infer_deployment_type,
-                                      trainer_processes)
+from prime_core.launch.config import SFTDeployment, SFTSingleNodeDeployment, check_degrees, infer_deployment_type
 from prime_core.trainer.config import OptimConfig, SchedulerConfig, TrainerModelConfig
 
 
@@ -57,8 +56,7 @@ class SFTConfig(Section):
     def _degrees_fit(self) -> SFTConfig:
         if "deployment" not in self.model_fields_set:
             return self  # a knobs-only file is merged with a deployment later
-        where = "deployment.num_gpus" if self.deployment.type == "single_node" else "deployment.num_nodes × gpus_per_node"
-        check_degrees(self.model, trainer_processes(self.deployment), "model", where)
+        check_degrees(self.model, self.deployment, "model")
         return self
 
     @model_validator(mode="after")
