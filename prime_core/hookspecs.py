@@ -152,8 +152,10 @@ def prime_routers() -> Iterable[Router]:
 def prime_launchers() -> Iterable[Launcher]:
     """Provide launchers that turn a resolved config into processes (or a script).
 
-    Called by ``prime run``: the selected launcher's ``plan`` is written by ``--dry-run``,
-    and its ``launch`` starts the roles otherwise.
+    Called by ``prime run``, ``prime sft`` and ``prime inference`` (typed by a user; in a
+    process a launcher started they run the role): the selected launcher's ``plan`` (it gets
+    ``root`` = ``rl`` / ``sft`` / ``inference``) is written by ``--dry-run``, and its
+    ``launch`` starts the roles otherwise.
 
     Example::
 
@@ -248,8 +250,9 @@ def prime_cli_commands() -> Iterable[CliCommand]:
 def prime_select_launcher(config: Any) -> str | None:
     """Choose the launcher when the config says ``launcher = "auto"`` (the default).
 
-    Called by ``prime run`` with the validated root config. Return a launcher name, or
-    ``None`` to let another plugin decide. The local launcher answers last.
+    Called by ``prime run``, ``prime sft`` and ``prime inference`` with the validated root
+    config (an ``RLConfig``, ``SFTConfig`` or ``InferenceConfig``). Return a launcher name,
+    or ``None`` to let another plugin decide. The local launcher answers last.
 
     Example::
 

@@ -195,8 +195,10 @@ class Router(Spec):
 class Launcher(Spec):
     """Turns a resolved config into processes or a script.
 
-    ``plan(config, *, output_dir)`` returns a ``prime_core.launch.plan.LaunchPlan``;
-    ``launch(plan)`` runs it and returns the exit code.
+    ``plan(config, *, output_dir, configs, root)`` returns a ``prime_core.launch.plan.LaunchPlan``:
+    ``config`` is the validated root config, ``root`` is ``"rl"`` (``prime run``), ``"sft"`` or
+    ``"inference"``, and ``configs`` maps ``root`` (and, for ``rl``, each role) to its resolved
+    JSON file under ``output_dir/configs``. ``launch(plan)`` runs it and returns the exit code.
     """
 
     plan: Callable[..., Any]

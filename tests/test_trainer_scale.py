@@ -75,7 +75,7 @@ def test_sft_on_two_processes_logs_per_rank_and_resumes_on_one(tiny, tmp_path):
               "--data.path", str(data), "--data.batch-size", "8", "--seq-len", "64", "--optim.lr", "1e-3"]
     result = prime(*common, "--output-dir", str(out), "--max-steps", "4", "--ckpt.interval", "4",
                    "--deployment.num-gpus", "2")
-    assert "torch.distributed.run" in result.stdout and "2 × cpu" in result.stdout
+    assert "torchrun --standalone --nproc-per-node 2" in result.stdout and "2 × cpu" in result.stdout
     assert {p.name for p in (out / "logs" / "sft").iterdir()} == {"rank_0.log", "rank_1.log"}
     assert "final model written" in (out / "logs" / "sft" / "rank_0.log").read_text()
     shards = sorted(p.name for p in (out / "checkpoints" / "step_4" / "state").iterdir())

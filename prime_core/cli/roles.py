@@ -1,5 +1,10 @@
 """``prime trainer|orchestrator|inference|sft CONFIG``: run one role by itself, as a
-launcher does and as a user can by hand in a tmux pane."""
+launcher does and as a user can by hand in a tmux pane.
+
+``sft`` and ``inference`` are also roots: typed by a user they go through a launcher like
+``prime run`` (``--dry-run``, ``[slurm]``, ``launcher = "torchrun"``, several GPUs); in a
+process a launcher started (``PRIME_ROLE_PROCESS=1``, or a torchrun rank) they run the loop.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,8 @@ ROLE_HELP = {
     "inference": "Serve the policy (OpenAI-compatible API with weight updates).",
     "sft": "Supervised fine-tuning on a local chat dataset.",
 }
+LAUNCHED_ROOTS = ("sft", "inference")
+"""Roles that are also roots of a launch (``prime sft``, ``prime inference``)."""
 
 
 def run_role(role: str, tokens: list[str]) -> int:
@@ -50,6 +57,15 @@ def run_role(role: str, tokens: list[str]) -> int:
 
 def _command(role: str, help_text: str):
     def command(ctx: typer.Context) -> None:
+        from prime_core.launch.plan import is_role_process
+
+        if role in LAUNCHED_ROOTS and not is_role_process():
+            from prime_core.cli.run_cmd import launch
+
+            code = launch(role, ctx.args)
+            if code:
+                raise typer.Exit(code)
+            return
         code = run_role(role, ctx.args)
         if distributed.from_env()[2] > 1:  # a torchrun rank (trainer, sft): see exit_process
             distributed.exit_process(code)

@@ -60,3 +60,7 @@ class InferenceConfig(Section):
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables for the server process."""
     log: LogConfig = Field(default_factory=LogConfig)
+    launcher: str = "auto"
+    """``prime inference`` alone: the launcher plugin (``local``, ``slurm``); unused inside ``prime run``."""
+    dry_run: bool = False
+    """``prime inference`` alone: write the resolved config and the plan, start nothing."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, model_validator
 
 from prime_core.config.base import Section
 
@@ -23,11 +23,33 @@ infer_deployment_type = BeforeValidator(_infer_type)
 
 
 class SingleNodeDeployment(Section):
-    """RL on one machine. GPUs are taken in order: inference first, then the trainer."""
+    """RL on one machine. GPUs are taken in order from ``CUDA_VISIBLE_DEVICES`` (or every GPU):
+    inference first, then the trainer (then a teacher, when a config has one)."""
 
     type: Literal["single_node"] = "single_node"
     num_train_gpus: int = Field(default=1, ge=1)
     num_infer_gpus: int = Field(default=1, ge=0)
+    inference_gpu_ids: list[int] | None = None
+    """Exact GPUs for inference instead of the next ones in order (the older docs'
+    ``--inference-gpu-ids``); naming a GPU for two roles shares it (set
+    ``inference.gpu_memory_utilization`` to leave room for the trainer)."""
+    trainer_gpu_ids: list[int] | None = None
+    """Exact GPUs for the trainer (``--trainer-gpu-ids``); their count sets ``num_train_gpus``."""
+
+    @model_validator(mode="after")
+    def _ids_set_counts(self) -> SingleNodeDeployment:
+        # The ids decide the counts; a count that disagrees is refused rather than ignored.
+        for ids_key, count_key in (("inference_gpu_ids", "num_infer_gpus"), ("trainer_gpu_ids", "num_train_gpus")):
+            ids = getattr(self, ids_key)
+            if ids is None:
+                continue
+            if not ids:
+                raise ValueError(f"{ids_key} is empty: name at least one GPU, or leave it out")
+            if count_key in self.model_fields_set and getattr(self, count_key) != len(ids):
+                raise ValueError(f"{count_key} = {getattr(self, count_key)} but {ids_key} names {len(ids)} GPUs: "
+                                 f"leave {count_key} out, or make them agree")
+            object.__setattr__(self, count_key, len(ids))
+        return self
 
 
 class MultiNodeDeployment(Section):

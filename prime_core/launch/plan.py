@@ -1,8 +1,13 @@
 """What a launcher produces: the resolved per-role configs on disk and the processes to start.
 
-``prime run`` always writes ``output_dir/configs/`` (one JSON file per role, each loadable on
-its own with ``prime <role> FILE``) and ``output_dir/configs/plan.json``; ``--dry-run``
-stops there.
+``prime run``, ``prime sft`` and ``prime inference`` always write ``output_dir/configs/`` (the
+root config as ``<root>.json``, plus one JSON file per role of an RL run, each loadable on its
+own with ``prime <role> FILE``) and ``output_dir/configs/plan.json``; ``--dry-run`` stops there.
+
+A process a launcher starts is a *role process*: ``prime sft FILE`` / ``prime inference FILE``
+run their loop there instead of choosing a launcher again. Launchers mark them with
+``PRIME_ROLE_PROCESS=1`` (torchrun ranks are recognised by torchrun's own variables); a
+script-writing launcher (SLURM) must export it too.
 """
 
 from __future__ import annotations
@@ -19,6 +24,15 @@ from pydantic import BaseModel
 
 from prime_core.config.rl import ROLES
 
+ROLE_PROCESS_ENV = "PRIME_ROLE_PROCESS"
+"""Set to ``1`` in every process a launcher starts: run the role, do not launch again."""
+
+
+def is_role_process(environ=None) -> bool:
+    """True in a process a launcher started (``PRIME_ROLE_PROCESS=1``) or a torchrun rank."""
+    environ = os.environ if environ is None else environ
+    return environ.get(ROLE_PROCESS_ENV) == "1" or "TORCHELASTIC_RUN_ID" in environ
+
 
 @dataclass
 class RoleProcess:
@@ -30,6 +44,9 @@ class RoleProcess:
     log: Path
     env: dict[str, str] = field(default_factory=dict)
     service: bool = False
+    console: bool = False
+    """Its output goes to this terminal (``prime sft``: rank 0, as torchrun's
+    ``--local-ranks-filter 0``); ``log`` is then the file the process writes itself."""
 
     def shell(self) -> str:
         """The command as a user would type it (``prime trainer outputs/configs/trainer.json``)."""
@@ -52,6 +69,12 @@ class LaunchPlan:
     """For launchers that submit a script (SLURM): the rendered script."""
     total_steps: int | None = None
     """For progress displays: the trainer steps the run will take."""
+    inline: bool = False
+    """One role run in this very process (``prime sft`` on one device, ``prime inference``
+    on one node): the launcher calls the role's loop instead of starting a child."""
+    placement: list[dict] = field(default_factory=list)
+    """What runs where, one row per role (or replica): ``role``, ``node``, ``gpus``, ``ranks``,
+    ``port``, ... as the launcher decides; printed before launch and kept in ``plan.json``."""
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -102,11 +125,16 @@ def dump_config(config: BaseModel) -> str:
     return json.dumps(config.model_dump(mode="json"), indent=2) + "\n"
 
 
-def write_role_configs(config: BaseModel, output_dir: Path) -> dict[str, Path]:
-    """``configs/rl.json`` plus one file per role present in ``config``."""
-    configs = output_dir / "configs"
-    paths = {"rl": configs / "rl.json"}
-    atomic_write_text(paths["rl"], dump_config(config))
+def write_role_configs(config: BaseModel, output_dir: Path, root: str = "rl") -> dict[str, Path]:
+    """``configs/<root>.json`` (without ``dry_run``, so that the file runs for real), plus for
+    an RL run one file per role present in ``config``."""
+    configs = Path(output_dir) / "configs"
+    paths = {root: configs / f"{root}.json"}
+    data = config.model_dump(mode="json")
+    data.pop("dry_run", None)
+    atomic_write_text(paths[root], json.dumps(data, indent=2) + "\n")
+    if root != "rl":
+        return paths
     for role in ROLES:
         section = getattr(config, role, None)
         if isinstance(section, BaseModel):

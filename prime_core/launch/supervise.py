@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from prime_core.launch.plan import LaunchPlan, RoleProcess
+from prime_core.launch.plan import ROLE_PROCESS_ENV, LaunchPlan, RoleProcess
 
 GRACE_SECONDS = 10.0
 
@@ -40,8 +40,10 @@ def tail(path: Path, lines: int = 20, width: int = 400) -> str:
 
 def _start(proc: RoleProcess) -> subprocess.Popen:
     proc.log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **proc.env, "PYTHONUNBUFFERED": "1", ROLE_PROCESS_ENV: "1"}
+    if proc.console:  # the process writes its own log (per rank) and prints to this terminal
+        return subprocess.Popen(proc.command, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     log = proc.log.open("ab")
-    env = {**os.environ, **proc.env, "PYTHONUNBUFFERED": "1"}
     try:
         return subprocess.Popen(proc.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)

@@ -48,6 +48,11 @@ class SFTConfig(Section):
     wandb: WandbSection = None
     log: LogConfig = Field(default_factory=LogConfig)
     dry_run: bool = False
+    """Write the resolved config and the launch plan, start nothing."""
+    launcher: str = "auto"
+    """Launcher plugin (``local``, ``torchrun``, ``slurm``); ``auto`` lets plugins decide."""
+    env_vars: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for the training processes."""
 
     bench: Toggle[BenchConfig] = None
     """``--bench``: time a few steps on fake data and print step time, tokens/s, MFU and memory."""

@@ -58,28 +58,19 @@ def load_dataset(path: Path, tokenizer) -> list[TrainingSample]:
     return samples
 
 
-def relaunch(config, processes: int) -> int:
-    """``prime sft`` with ``deployment.num_gpus`` > 1 starts itself again under torchrun, with
-    its resolved config written to ``output_dir/configs/sft.json``."""
-    import subprocess
-
-    from prime_core.launch.plan import atomic_write_text, dump_config, role_command
-
-    path = Path(config.output_dir) / "configs" / "sft.json"
-    atomic_write_text(path, dump_config(config))
-    command = role_command("sft", path, processes=processes)
-    print(f"sft: starting {processes} processes: {' '.join(command)}", flush=True)
-    return subprocess.run(command, check=False).returncode
-
-
 def run(config) -> int:
     import os
 
     from prime_core import distributed
 
-    processes = getattr(config.deployment, "num_gpus", 1)
+    from prime_core.launch.config import trainer_processes
+
+    processes, keys = trainer_processes(config.deployment)
     if processes > 1 and "WORLD_SIZE" not in os.environ:
-        return relaunch(config, processes)
+        # `prime sft` typed by a user goes through a launcher, which starts the processes.
+        raise ConfigError([f"{keys} asks for {processes} trainer processes but this is one process "
+                           "started without torchrun: run `prime sft CONFIG` (its launcher starts them), "
+                           "or start this command under torchrun"])
     from prime_core.hub import loading
     from transformers import AutoTokenizer
 

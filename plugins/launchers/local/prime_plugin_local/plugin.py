@@ -1,18 +1,26 @@
 """Hooks of prime-plugin-local: the ``local`` launcher.
 
-Runs every role of ``prime run`` on this machine as a child process: the inference server
-first (a service, stopped when the others finish), then the orchestrator and the trainer.
-Each role logs to ``output_dir/logs/<role>.log``. With ``deployment.num_train_gpus`` > 1 the
-trainer runs as that many processes under torchrun (NCCL on GPUs, gloo on a CPU machine);
-each rank also logs to ``output_dir/logs/trainer/rank_N.log``. GPUs are handed out in order,
-inference first (``CUDA_VISIBLE_DEVICES`` per role). When a role fails or the user presses
-Ctrl-C, every role is stopped and the failing one is named with the end of its log.
+Runs every role on this machine as child processes.
+
+- ``prime run``: the inference server first (a service, stopped when the others finish),
+  then the orchestrator and the trainer; each logs to ``output_dir/logs/<role>.log``. With
+  ``deployment.num_train_gpus`` > 1 the trainer runs as that many processes under torchrun
+  (NCCL on GPUs, gloo on a CPU machine), each rank also logging to
+  ``output_dir/logs/trainer/rank_N.log``.
+- ``prime sft``: one process runs in this very process, as it always did; several run under
+  torchrun with rank 0 on the console and every rank in ``output_dir/logs/sft/rank_N.log``.
+- ``prime inference``: the server runs in this process.
+
+GPUs are taken in order from ``CUDA_VISIBLE_DEVICES`` (or every GPU ``nvidia-smi -L``
+lists): inference first, trainer next, teacher last (``prime_core.launch.placement``). The
+placement is printed before launch and kept in ``configs/plan.json``. When a role fails or
+the user presses Ctrl-C, every role is stopped and the failing one is named with the end of
+its log.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 from prime_core import hookimpl
@@ -20,30 +28,132 @@ from prime_core.specs import Launcher
 
 PRIME_PLUGIN_API = 1
 
+GPU_ROLES = ("inference", "trainer", "teacher")
+"""The roles that take GPUs, in the order they take them."""
 
-def plan(config, *, output_dir: Path, configs: dict[str, Path]):
+
+def _refuse_multi_node(deployment, root: str) -> None:
     from prime_core.errors import PluginError
-    from prime_core.launch.plan import LaunchPlan, RoleProcess, role_command, split_devices
+
+    if deployment.type == "single_node":
+        return
+    hint = {"sft": "start one `prime sft CONFIG --launcher torchrun --torchrun.node-rank K` per node, "
+                   "or submit it with launcher = 'slurm'",
+            "inference": "each node serves an independent replica: run `prime inference` on each node with "
+                         "deployment.type = 'single_node', or submit it with launcher = 'slurm'"}
+    raise PluginError(
+        f"deployment.type = '{deployment.type}': the local launcher runs on this machine only",
+        hint=hint.get(root, "use launcher = 'torchrun' (the trainer across nodes) or launcher = 'slurm'"),
+    )
+
+
+def _requests(config, root: str, configs: dict[str, Path]):
+    """What each GPU role asks for (``Request`` per role, in placement order)."""
+    from prime_core.launch.placement import Request
+
+    d = config.deployment
+    if root == "sft":
+        return [Request("sft", d.num_gpus, "deployment.num_gpus")]
+    if root == "inference":
+        return [Request("inference", d.num_gpus, "deployment.num_gpus")] if d.num_gpus else []
+
+    def ids(name):
+        value = getattr(d, name, None)
+        return None if value is None else tuple(str(i) for i in value)
+
+    out = []
+    if "inference" in configs:
+        out.append(Request("inference", d.num_infer_gpus, "deployment.num_infer_gpus", ids("inference_gpu_ids")))
+    out.append(Request("trainer", d.num_train_gpus, "deployment.num_train_gpus", ids("trainer_gpu_ids")))
+    teacher = getattr(config, "teacher", None)
+    if teacher is not None and "teacher" in configs:
+        out.append(Request("teacher", getattr(d, "num_teacher_gpus", 1), "deployment.num_teacher_gpus"))
+    return out
+
+
+def _inference_section(config, root: str):
+    return config if root == "inference" else getattr(config, "inference", None)
+
+
+def _placement_rows(config, root: str, gpus: dict[str, list[str]] | None, configs) -> list[dict]:
+    """One row per inference replica and per other role: GPUs, ranks, port."""
+    from prime_core.launch.config import trainer_processes
+    from prime_core.launch.placement import replicas
+
+    rows = []
+    inference = _inference_section(config, root)
+    if inference is not None and "inference" in configs:
+        tp, dp = inference.parallel.tp, inference.parallel.dp
+        pool = (gpus or {}).get("inference")
+        parts = replicas(pool, tp, dp) if pool is not None else [None] * dp
+        for i, part in enumerate(parts):
+            rows.append({"role": f"inference[{i}]" if dp > 1 else "inference",
+                         "gpus": ",".join(part) if part is not None else "cpu",
+                         "processes": 1 if i == 0 else "(same server)",
+                         "port": inference.server.port,
+                         "output_dir": str(config.output_dir)})
+    if root == "rl" and "orchestrator" in configs:
+        base = config.orchestrator.client.base_url
+        rows.append({"role": "orchestrator", "gpus": "-", "processes": 1,
+                     "port": "→ " + ", ".join(base if isinstance(base, list) else [base]),
+                     "output_dir": str(config.output_dir)})
+    for role in ("trainer", "sft", "teacher"):
+        if role not in configs or (root == "rl" and role == "sft"):
+            continue
+        processes = trainer_processes(config.deployment)[0] if role in ("trainer", "sft") else 1
+        pool = (gpus or {}).get(role)
+        rows.append({"role": role, "gpus": ",".join(pool) if pool is not None else "cpu",
+                     "processes": processes, "port": "-", "output_dir": str(config.output_dir)})
+    return rows
+
+
+def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"):
+    from prime_core.errors import PrimeError
+    from prime_core.launch.config import trainer_processes
+    from prime_core.launch.placement import assign, visible_gpus
+    from prime_core.launch.plan import LaunchPlan, RoleProcess, role_command
 
     deployment = config.deployment
-    if deployment.type != "single_node":
-        raise PluginError(
-            f"deployment.type = '{deployment.type}': the local launcher runs on this machine only",
-            hint="use a cluster launcher (launcher = 'slurm') for multi-node runs",
-        )
-    logs = Path(output_dir) / "logs"
-    counts = {"inference": deployment.num_infer_gpus if "inference" in configs else 0,
-              "trainer": deployment.num_train_gpus}
-    gpus = split_devices(counts, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    # Checked without importing torch: a GPU machine has the NVIDIA driver's nvidia-smi.
-    has_gpus = bool(os.environ.get("CUDA_VISIBLE_DEVICES")) or shutil.which("nvidia-smi") is not None
-    result = LaunchPlan(launcher="local", output_dir=Path(output_dir), total_steps=config.max_steps)
+    _refuse_multi_node(deployment, root)
+    output_dir = Path(output_dir)
+    logs = output_dir / "logs"
+    requests = _requests(config, root, configs)
+    pool = visible_gpus()
+    gpus = None
+    if pool is not None:  # a GPU machine (or CUDA_VISIBLE_DEVICES set): place every GPU role
+        gpus = assign(requests, pool)
+        inference = _inference_section(config, root)
+        if inference is not None and "inference" in gpus:
+            need = inference.parallel.tp * inference.parallel.dp
+            if need > len(gpus["inference"]):
+                key = "deployment.num_infer_gpus" if root == "rl" else "deployment.num_gpus"
+                raise PrimeError(
+                    f"inference.parallel.tp × dp = {inference.parallel.tp} × {inference.parallel.dp} = {need} GPUs, "
+                    f"but {key} gives inference {len(gpus['inference'])}",
+                    hint=f"set {key} = {need}, or lower inference.parallel.dp / tp")
+    env_vars = dict(getattr(config, "env_vars", {}) or {})
+    result = LaunchPlan(launcher="local", output_dir=output_dir,
+                        total_steps=getattr(config, "max_steps", None))
+    result.placement = _placement_rows(config, root, gpus, configs)
+
+    def env_for(role: str) -> dict[str, str]:
+        env = dict(env_vars)
+        if gpus is not None and role in gpus:
+            env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(gpus[role]))
+        return env
+
+    if root in ("sft", "inference"):
+        processes = trainer_processes(deployment)[0] if root == "sft" else 1
+        result.inline = processes == 1
+        result.processes.append(RoleProcess(
+            role=root, command=role_command(root, configs[root], processes=processes), config=configs[root],
+            # Several ranks write logs/sft/rank_N.log themselves (rank 0 also to the console).
+            log=logs / root / "rank_0.log" if processes > 1 else logs / f"{root}.log",
+            env=env_for(root), console=True, service=False))
+        return result
     for role in ("inference", "orchestrator", "trainer"):
         if role not in configs:
             continue
-        env = dict(config.env_vars)
-        if role in counts and has_gpus:
-            env.setdefault("CUDA_VISIBLE_DEVICES", gpus[role])
         result.processes.append(RoleProcess(
             role=role,
             # Several trainer processes (GPUs, or gloo processes on a CPU machine) run under torchrun.
@@ -51,12 +161,21 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path]):
                                  processes=deployment.num_train_gpus if role == "trainer" else 1),
             config=configs[role],
             log=logs / f"{role}.log",
-            env=env,
+            env=env_for(role),
             service=role == "inference",
         ))
-    if "inference" not in configs:
+    if "inference" not in configs and not getattr(config, "bench", None):
         result.notes.append("inference = None: the orchestrator uses the servers in orchestrator.client.base_url")
     return result
+
+
+def _run_inline(plan) -> int:
+    """One role in this process: the environment the plan gives it, then its loop."""
+    from prime_core.cli.roles import run_role
+
+    (process,) = plan.processes
+    os.environ.update(process.env)
+    return run_role(process.role, [str(process.config)])
 
 
 def launch(plan) -> int:
@@ -66,11 +185,17 @@ def launch(plan) -> int:
     from prime_core.launch.supervise import supervise
     from prime_core.metrics import METRICS_FILE
 
+    if plan.inline:
+        return _run_inline(plan)
     console = Console(stderr=True, highlight=False)
     for process in plan.processes:
-        console.print(f"starting {process.role} (log: {process.log})", markup=False)
-    with RunProgress(plan.output_dir / METRICS_FILE, plan.total_steps) as progress:
-        outcome = supervise(plan, on_tick=progress.tick)
+        where = "output on this terminal; " if process.console else ""
+        console.print(f"starting {process.role} ({where}log: {process.log})", markup=False)
+    if any(p.console for p in plan.processes):  # the role prints its own progress
+        outcome = supervise(plan)
+    else:
+        with RunProgress(plan.output_dir / METRICS_FILE, plan.total_steps) as progress:
+            outcome = supervise(plan, on_tick=progress.tick)
     if outcome.code:
         console.print("error:", style="bold red", end=" ")
         console.print(outcome.message, markup=False)

@@ -1,0 +1,85 @@
+"""GPU placement on one machine, shared by the launchers that start processes here.
+
+GPUs are taken in order from ``CUDA_VISIBLE_DEVICES`` (or every GPU the driver lists, counted
+with ``nvidia-smi -L`` so that torch is never imported): the roles in the order given
+(inference first, then the trainer, then a teacher if the config has one). A request for
+more GPUs than are visible is refused with the keys that asked and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from prime_core.errors import PrimeError
+
+
+@dataclass(frozen=True)
+class Request:
+    """``count`` GPUs for ``role``, asked for by config ``key``; explicit ``ids`` win."""
+
+    role: str
+    count: int
+    key: str
+    ids: tuple[str, ...] | None = None
+
+
+def nvidia_smi_gpus() -> list[str] | None:
+    """The GPU indices the NVIDIA driver lists (``nvidia-smi -L``), or ``None`` without a driver."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return [str(i) for i, line in enumerate(line for line in out.stdout.splitlines() if line.startswith("GPU "))]
+
+
+def visible_gpus(environ: Mapping[str, str] | None = None, lister=nvidia_smi_gpus) -> list[str] | None:
+    """The GPUs this machine offers, in order: ``CUDA_VISIBLE_DEVICES`` when set (an empty
+    value means none), else what the driver lists; ``None`` on a machine without GPUs."""
+    environ = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        return [d.strip() for d in environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+    return lister()
+
+
+def assign(requests: list[Request], pool: list[str]) -> dict[str, list[str]]:
+    """The GPUs of each role: explicit ``ids`` as given, the others in order from ``pool``
+    (the GPUs not named explicitly). Refuses more GPUs than ``pool`` has."""
+    named = {d for r in requests if r.ids is not None for d in r.ids}
+    unknown = sorted(named - set(pool), key=str)
+    if unknown:
+        keys = ", ".join(r.key.replace("num_", "").replace("_gpus", "_gpu_ids") for r in requests if r.ids)
+        raise PrimeError(f"{keys} name GPU {', '.join(unknown)}, which is not visible (visible: "
+                         f"{','.join(pool) or 'none'})",
+                         hint="name visible GPUs, or change CUDA_VISIBLE_DEVICES")
+    free = [d for d in pool if d not in named]
+    wanted = sum(r.count for r in requests if r.ids is None)
+    if wanted > len(free):
+        asked = " + ".join(f"{r.key} = {r.count}" for r in requests if r.ids is None and r.count)
+        shown = "CUDA_VISIBLE_DEVICES=" + ",".join(pool) if "CUDA_VISIBLE_DEVICES" in os.environ else \
+            f"{len(pool)} GPU(s) listed by nvidia-smi"
+        raise PrimeError(
+            f"this run asks for {wanted} GPUs ({asked}) but {len(free)} are visible ({shown})",
+            hint="lower those counts (e.g. --deployment.num-infer-gpus 1 --deployment.num-train-gpus 1), "
+                 "make more GPUs visible with CUDA_VISIBLE_DEVICES, or share a GPU by naming it for two roles "
+                 "(--deployment.inference-gpu-ids 0 --deployment.trainer-gpu-ids 0)")
+    out, start = {}, 0
+    for r in requests:
+        if r.ids is not None:
+            out[r.role] = list(r.ids)
+        else:
+            out[r.role] = free[start:start + r.count]
+            start += r.count
+    return out
+
+
+def replicas(gpus: list[str], tp: int, dp: int) -> list[list[str]]:
+    """Split a role's GPUs into ``dp`` replicas of ``tp`` GPUs each (for the placement table)."""
+    return [gpus[i * tp:(i + 1) * tp] for i in range(dp)]
