@@ -1,24 +1,49 @@
-"""The ``[slurm]`` table, with the keys of prime-rl's SLURM docs."""
+"""The ``[slurm]`` table, with the keys of prime-rl's SLURM docs.
+
+Where the roles run (nodes, GPUs per node) is the ``[deployment]`` block's business; this
+table says how the job is written and submitted.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import Field
+
 from prime_core.config.base import ExistingFile, Section
 
 
 class SlurmConfig(Section):
-    """Submit this run to SLURM instead of running it here."""
+    """Submit this run to SLURM (an sbatch script from a Jinja2 template) instead of running it here."""
 
     job_name: str = "prime"
+    """The SLURM job name (``#SBATCH --job-name``); also names the tmux session of the log helper."""
     partition: str | None = None
+    """``#SBATCH --partition``; the cluster's default partition when unset."""
     account: str | None = None
+    """``#SBATCH --account``."""
     time: str | None = None
-    """Wall-clock limit in SLURM's format, e.g. ``24:00:00``."""
+    """Wall-clock limit in SLURM's format, e.g. ``24:00:00`` (``#SBATCH --time``)."""
     nodelist: str | None = None
+    """Run on these nodes (``#SBATCH --nodelist``, e.g. ``node[01-04]``)."""
     template_path: ExistingFile | None = None
-    """A custom Jinja2 sbatch template."""
+    """A custom Jinja2 sbatch template (see the plugin's README for its variables)."""
     pre_run_command: str | None = None
-    """Shell run on each node before the roles start (module loads, venv activation)."""
+    """Shell run at the start of the job, before any role (module loads, venv activation, exports)."""
     project_dir: Path | None = None
-    """The project on the cluster's shared filesystem; defaults to the current directory."""
+    """The project on the cluster's shared filesystem: the job runs there. Defaults to the
+    directory you submit from."""
+    python: str | None = None
+    """The Python that runs prime inside the job; defaults to the one submitting it (a shared
+    virtual environment), or set ``"python"`` when ``pre_run_command`` activates one."""
+    hf_hub_offline: bool = True
+    """Export ``HF_HUB_OFFLINE=1`` in the job (models come from local folders or the cache)."""
+    exclusive: bool = True
+    """``#SBATCH --exclusive``: the job gets whole nodes (all their CPUs and memory)."""
+    request_gpus: bool = True
+    """Request the deployment's GPUs (``#SBATCH --gpus-per-node=N``); false on CPU-only partitions."""
+    rdzv_port: int = Field(default=29500, ge=1, le=65535)
+    """Port of the trainer's torchrun rendezvous on the first train node (multi-node)."""
+    sbatch_options: dict[str, str | int | bool] = Field(default_factory=dict)
+    """Further ``#SBATCH`` options, e.g. ``{qos = "high", mem = "0"}`` → ``--qos=high``,
+    ``--mem=0`` (``true`` writes the bare flag)."""
