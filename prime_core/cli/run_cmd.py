@@ -20,7 +20,7 @@ def launch(root: str, tokens: list[str]) -> int:
 
     from prime_core.config.checks import check, resolve_launcher
     from prime_core.errors import ConfigError, PrimeError
-    from prime_core.launch.plan import write_plan, write_role_configs
+    from prime_core.launch.plan import role_config_paths, write_plan, write_role_configs
     from prime_core.plugins import get_plugin_manager
 
     manager = get_plugin_manager()
@@ -30,10 +30,7 @@ def launch(root: str, tokens: list[str]) -> int:
     if problems and not dry_run:
         raise ConfigError(problems, source="this run cannot start")
     console = Console(highlight=False)
-    if not dry_run:
-        prepare_output_dir(config)
-    paths = write_role_configs(config, config.output_dir, root)
-    console.print(f"resolved configs written to {paths[root].parent}", markup=False)
+    paths = role_config_paths(config, config.output_dir, root)
     if getattr(config, "bench", None):  # the trainer benchmarks on fake data; nothing else is needed
         paths = {role: path for role, path in paths.items() if role not in ("inference", "orchestrator")}
     try:
@@ -43,6 +40,11 @@ def launch(root: str, tokens: list[str]) -> int:
     plan = None
     if launcher is not None:
         plan = launcher.plan(config, output_dir=config.output_dir, configs=paths, root=root)
+    if not dry_run and not plan.node_rank:  # node 0 owns output_dir; the other nodes join its run
+        prepare_output_dir(config)
+    write_role_configs(config, config.output_dir, root)
+    console.print(f"resolved configs written to {paths[root].parent}", markup=False)
+    if plan is not None:
         write_plan(plan)
         show_plan(plan, console)
     if dry_run:

@@ -18,7 +18,13 @@ from prime_core.config.base import Section, Toggle
 from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, WandbSection, WeightBroadcastConfig
 from prime_core.inference.config import InferenceConfig
 from prime_core.bench import BenchConfig
-from prime_core.launch.config import Deployment, SingleNodeDeployment, check_degrees, infer_deployment_type
+from prime_core.launch.config import (
+    Deployment,
+    SingleNodeDeployment,
+    check_degrees,
+    fsdp_replicas,
+    infer_deployment_type,
+)
 from prime_core.orchestrator.config import OrchestratorConfig
 from prime_core.trainer.config import TrainerConfig
 
@@ -40,6 +46,8 @@ SHARED_KEYS: dict[str, tuple[str, ...]] = {
 
 # The flat top-level keys of prime-rl's older `rl_slurm` docs, and where they live now.
 LEGACY_DEPLOYMENT_KEYS = ("num_train_nodes", "num_infer_nodes", "gpus_per_node", "nodes_per_fsdp_group")
+# The older docs' single-node `--trainer-gpu-ids 6,7 --inference-gpu-ids 0,1,2,3,4,5`.
+LEGACY_GPU_ID_KEYS = ("trainer_gpu_ids", "inference_gpu_ids")
 LEGACY_SLURM_KEYS = ("job_name", "project_dir", "template_path", "partition", "account", "time")
 
 
@@ -92,6 +100,7 @@ class RLConfig(Section):
     def _degrees_fit(self) -> RLConfig:
         if "deployment" not in self.model_fields_set:
             return self  # a knobs-only file (the seeds' snippets) is merged with a deployment later
+        fsdp_replicas(self.deployment, self.trainer.model)
         check_degrees(self.trainer.model, self.deployment, "trainer.model")
         return self
 
@@ -125,6 +134,10 @@ class RLConfig(Section):
 
 
 def _move_legacy_keys(data: dict, *, has_slurm: bool) -> None:
+    ids = {k: data.pop(k) for k in LEGACY_GPU_ID_KEYS if k in data}
+    if ids and isinstance(data.setdefault("deployment", {}), dict):
+        for k, v in ids.items():
+            data["deployment"].setdefault(k, v)
     legacy = {k: data.pop(k) for k in LEGACY_DEPLOYMENT_KEYS if k in data}
     if legacy:
         deployment = data.setdefault("deployment", {})

@@ -22,6 +22,22 @@ def _infer_type(value: Any) -> Any:
 infer_deployment_type = BeforeValidator(_infer_type)
 
 
+def _gpu_ids(value: Any) -> Any:
+    """``0``, ``"0,1,2"`` and ``[0, 1]`` all name GPUs (the command line gives the first two)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, str):
+        return [int(v) if v.strip().isdigit() else v for v in value.split(",") if v.strip()]
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+GpuIds = Annotated[list[int] | None, BeforeValidator(_gpu_ids)]
+
+
 class SingleNodeDeployment(Section):
     """RL on one machine. GPUs are taken in order from ``CUDA_VISIBLE_DEVICES`` (or every GPU):
     inference first, then the trainer (then a teacher, when a config has one)."""
@@ -29,11 +45,11 @@ class SingleNodeDeployment(Section):
     type: Literal["single_node"] = "single_node"
     num_train_gpus: int = Field(default=1, ge=1)
     num_infer_gpus: int = Field(default=1, ge=0)
-    inference_gpu_ids: list[int] | None = None
+    inference_gpu_ids: GpuIds = None
     """Exact GPUs for inference instead of the next ones in order (the older docs'
     ``--inference-gpu-ids``); naming a GPU for two roles shares it (set
     ``inference.gpu_memory_utilization`` to leave room for the trainer)."""
-    trainer_gpu_ids: list[int] | None = None
+    trainer_gpu_ids: GpuIds = None
     """Exact GPUs for the trainer (``--trainer-gpu-ids``); their count sets ``num_train_gpus``."""
 
     @model_validator(mode="after")
@@ -92,6 +108,24 @@ SFTDeployment = Annotated[SFTSingleNodeDeployment | SFTMultiNodeDeployment, Fiel
 InferenceDeployment = Annotated[
     InferenceSingleNodeDeployment | InferenceMultiNodeDeployment, Field(discriminator="type")
 ]
+
+
+def fsdp_replicas(deployment, model, prefix: str = "trainer.model") -> None:
+    """``nodes_per_fsdp_group`` sets ``<prefix>.dp_replicate``: the train nodes form
+    ``num_train_nodes / nodes_per_fsdp_group`` FSDP islands (HSDP replicas), each sharding
+    the model over its own nodes' GPUs. An explicit ``dp_replicate`` that disagrees is refused."""
+    group = getattr(deployment, "nodes_per_fsdp_group", None)
+    if deployment.type != "multi_node" or group is None:
+        return
+    nodes = deployment.num_train_nodes
+    if nodes % group:
+        raise ValueError(f"deployment.nodes_per_fsdp_group = {group} does not divide deployment.num_train_nodes = "
+                         f"{nodes}: choose a divisor of the train nodes")
+    replicas = nodes // group
+    if "dp_replicate" in model.model_fields_set and model.dp_replicate not in (1, replicas):
+        raise ValueError(f"{prefix}.dp_replicate = {model.dp_replicate} but deployment.nodes_per_fsdp_group = {group} "
+                         f"of {nodes} train nodes means {replicas} replicas: set one of them, not both")
+    object.__setattr__(model, "dp_replicate", replicas)
 
 
 def trainer_processes(deployment) -> tuple[int, str]:

@@ -40,13 +40,13 @@ def nvidia_smi_gpus() -> list[str] | None:
     return [str(i) for i, line in enumerate(line for line in out.stdout.splitlines() if line.startswith("GPU "))]
 
 
-def visible_gpus(environ: Mapping[str, str] | None = None, lister=nvidia_smi_gpus) -> list[str] | None:
+def visible_gpus(environ: Mapping[str, str] | None = None, lister=None) -> list[str] | None:
     """The GPUs this machine offers, in order: ``CUDA_VISIBLE_DEVICES`` when set (an empty
     value means none), else what the driver lists; ``None`` on a machine without GPUs."""
     environ = os.environ if environ is None else environ
     if "CUDA_VISIBLE_DEVICES" in environ:
         return [d.strip() for d in environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
-    return lister()
+    return (lister or nvidia_smi_gpus)()
 
 
 def assign(requests: list[Request], pool: list[str]) -> dict[str, list[str]]:

@@ -69,6 +69,9 @@ class LaunchPlan:
     """For launchers that submit a script (SLURM): the rendered script."""
     total_steps: int | None = None
     """For progress displays: the trainer steps the run will take."""
+    node_rank: int = 0
+    """Which node this plan starts (launchers run once per node, e.g. torchrun across nodes):
+    node 0 writes ``configs/plan.json``, node K ``configs/plan.node_K.json``."""
     inline: bool = False
     """One role run in this very process (``prime sft`` on one device, ``prime inference``
     on one node): the launcher calls the role's loop instead of starting a child."""
@@ -125,25 +128,32 @@ def dump_config(config: BaseModel) -> str:
     return json.dumps(config.model_dump(mode="json"), indent=2) + "\n"
 
 
-def write_role_configs(config: BaseModel, output_dir: Path, root: str = "rl") -> dict[str, Path]:
-    """``configs/<root>.json`` (without ``dry_run``, so that the file runs for real), plus for
-    an RL run one file per role present in ``config``."""
+def role_config_paths(config: BaseModel, output_dir: Path, root: str = "rl") -> dict[str, Path]:
+    """Where ``write_role_configs`` puts each file: ``configs/<root>.json``, plus for an RL
+    run one file per role present in ``config``."""
     configs = Path(output_dir) / "configs"
     paths = {root: configs / f"{root}.json"}
-    data = config.model_dump(mode="json")
-    data.pop("dry_run", None)
-    atomic_write_text(paths[root], json.dumps(data, indent=2) + "\n")
-    if root != "rl":
-        return paths
-    for role in ROLES:
-        section = getattr(config, role, None)
-        if isinstance(section, BaseModel):
-            paths[role] = configs / f"{role}.json"
-            atomic_write_text(paths[role], dump_config(section))
+    if root == "rl":
+        paths.update({role: configs / f"{role}.json" for role in ROLES
+                      if isinstance(getattr(config, role, None), BaseModel)})
+    return paths
+
+
+def write_role_configs(config: BaseModel, output_dir: Path, root: str = "rl") -> dict[str, Path]:
+    """Write the files of ``role_config_paths``; the root file without ``dry_run``, so that it
+    runs for real."""
+    paths = role_config_paths(config, output_dir, root)
+    for name, path in paths.items():
+        section = config if name == root else getattr(config, name)
+        data = section.model_dump(mode="json")
+        if name == root:
+            data.pop("dry_run", None)
+        atomic_write_text(path, json.dumps(data, indent=2) + "\n")
     return paths
 
 
 def write_plan(plan: LaunchPlan) -> Path:
-    path = plan.output_dir / "configs" / "plan.json"
+    name = "plan.json" if not plan.node_rank else f"plan.node_{plan.node_rank}.json"
+    path = plan.output_dir / "configs" / name
     atomic_write_text(path, json.dumps(plan.to_json(), indent=2) + "\n")
     return path

@@ -104,3 +104,35 @@ def supervise(plan: LaunchPlan, *, poll_interval: float = 0.2, on_tick=None) -> 
     except BaseException:
         _stop(running)
         raise
+
+
+def run_here(plan: LaunchPlan) -> int:
+    """What a launcher that starts processes on this machine does with its plan: an inline
+    role runs in this process; otherwise every process is started and supervised, with
+    progress from ``metrics.jsonl`` unless a process prints to the terminal itself."""
+    from rich.console import Console
+
+    from prime_core.launch.progress import RunProgress
+    from prime_core.metrics import METRICS_FILE
+
+    if plan.inline:
+        from prime_core.cli.roles import run_role
+
+        (process,) = plan.processes
+        os.environ.update(process.env)
+        return run_role(process.role, [str(process.config)])
+    console = Console(stderr=True, highlight=False)
+    for process in plan.processes:
+        where = "output on this terminal; " if process.console else ""
+        console.print(f"starting {process.role} ({where}log: {process.log})", markup=False)
+    if any(p.console for p in plan.processes):  # the role prints its own progress
+        outcome = supervise(plan)
+    else:
+        with RunProgress(plan.output_dir / METRICS_FILE, plan.total_steps) as progress:
+            outcome = supervise(plan, on_tick=progress.tick)
+    if outcome.code:
+        console.print("error:", style="bold red", end=" ")
+        console.print(outcome.message, markup=False)
+    else:
+        console.print(f"run finished: outputs in {plan.output_dir}", markup=False)
+    return outcome.code

@@ -20,7 +20,6 @@ its log.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from prime_core import hookimpl
@@ -169,39 +168,10 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
     return result
 
 
-def _run_inline(plan) -> int:
-    """One role in this process: the environment the plan gives it, then its loop."""
-    from prime_core.cli.roles import run_role
-
-    (process,) = plan.processes
-    os.environ.update(process.env)
-    return run_role(process.role, [str(process.config)])
-
-
 def launch(plan) -> int:
-    from rich.console import Console
+    from prime_core.launch.supervise import run_here
 
-    from prime_core.launch.progress import RunProgress
-    from prime_core.launch.supervise import supervise
-    from prime_core.metrics import METRICS_FILE
-
-    if plan.inline:
-        return _run_inline(plan)
-    console = Console(stderr=True, highlight=False)
-    for process in plan.processes:
-        where = "output on this terminal; " if process.console else ""
-        console.print(f"starting {process.role} ({where}log: {process.log})", markup=False)
-    if any(p.console for p in plan.processes):  # the role prints its own progress
-        outcome = supervise(plan)
-    else:
-        with RunProgress(plan.output_dir / METRICS_FILE, plan.total_steps) as progress:
-            outcome = supervise(plan, on_tick=progress.tick)
-    if outcome.code:
-        console.print("error:", style="bold red", end=" ")
-        console.print(outcome.message, markup=False)
-    else:
-        console.print(f"run finished: outputs in {plan.output_dir}", markup=False)
-    return outcome.code
+    return run_here(plan)
 
 
 @hookimpl
