@@ -40,6 +40,17 @@ KNOBS = {
     "optim_cpu_offload": {"optim_cpu_offload": True},
     "fsdp_cpu_offload": {"fsdp_cpu_offload": True},
     "compile": {"compile": {}},
+    # The native model (prime-plugin-custom) with the fused LM head (Triton on CUDA), then with
+    # the other speed and memory knobs on top: the candidates for "our best configuration".
+    "custom": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto"},
+    "custom_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {}},
+    "custom_fp8_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
+                           "quantization": "fp8"},
+    "custom_ac": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "ac": {"freq": 1}},
+    "custom_ac_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "ac": {"freq": 1},
+                          "compile": {}},
+    "custom_lean": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "ac": {"freq": 1},
+                    "optim_cpu_offload": True},
 }
 ALL_KNOBS = {"ac": {"freq": 1}, "ac_offloading": {"max_inflight_activations": 1}, "optim_cpu_offload": True}
 

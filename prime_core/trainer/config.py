@@ -93,7 +93,9 @@ class TrainerModelConfig(ModelRef):
     kernels: dict[str, str] = Field(default_factory=dict)
     """Kernels by op, from the kernel registry (``op:name``): ``rmsnorm``, ``swiglu``, ``rope``
     for native models (``{rmsnorm = "liger", swiglu = "liger", rope = "liger"}``), ``hf_patch``
-    for the hf implementation (``{hf_patch = "liger"}``)."""
+    for the hf implementation (``{hf_patch = "liger"}``); ``lm_head`` picks the implementation
+    of the fused LM head when ``fused_lm_head_token_chunk_size`` is on (``fused``: Triton on
+    CUDA, PyTorch elsewhere; ``fused_torch``, ``fused_triton``, ``liger``)."""
 
     @model_validator(mode="after")
     def _incompatible(self) -> TrainerModelConfig:

@@ -161,7 +161,10 @@ def attach_lm_head(model, model_config, manager) -> None:
         )
     import functools
 
-    spec = manager.select("kernels", "lm_head:fused", key="trainer.model.fused_lm_head_token_chunk_size")
+    name = model_config.kernels.get("lm_head", "fused")
+    key = "trainer.model.kernels.lm_head" if "lm_head" in model_config.kernels else \
+        "trainer.model.fused_lm_head_token_chunk_size"
+    spec = manager.select("kernels", f"lm_head:{name}", key=key, shown=name)
     # The kernel's contract: impl(hidden, weight, targets, temperature, *, token_chunk, with_entropy),
     # token_chunk an int or "auto" (sized per call from the shapes).
     model.lm_head_fn = functools.partial(spec.impl, token_chunk=setting)

@@ -1,9 +1,13 @@
-"""Hooks of prime-plugin-fused-lm-head: the ``lm_head:fused`` kernel, per-token
-log-probabilities and entropies computed from the hidden states a chunk at a time, so the
-``[N, V]`` logits never exist.
+"""Hooks of prime-plugin-fused-lm-head: per-token log-probabilities and entropies computed from
+the hidden states a chunk at a time, so the ``[N, V]`` logits never exist.
 
-``fused`` is the PyTorch implementation (``torch_impl``), usable on any device. Importing this
-module stays cheap: torch is imported when the kernel first runs.
+- ``lm_head:fused_torch``: the PyTorch implementation (``torch_impl``), any device and dtype.
+- ``lm_head:fused_triton``: the same chunking with its softmax work in Triton kernels
+  (``triton_impl``); CUDA tensors in float32/bfloat16/float16.
+- ``lm_head:fused``: what the trainer attaches by default; Triton where it applies (CUDA
+  tensors, Triton installed, not float64), PyTorch otherwise, decided per call.
+
+Importing this module stays cheap: torch and triton are imported when a kernel first runs.
 """
 
 from __future__ import annotations
@@ -14,17 +18,42 @@ from prime_core.specs import Kernel
 PRIME_PLUGIN_API = 1
 
 
-def _fused_logprobs(hidden, weight, targets, temperature=1.0, *, token_chunk, vocab_chunk=None,
-                    with_entropy=True):
+def _torch(hidden, weight, targets, temperature=1.0, *, token_chunk, vocab_chunk=None, with_entropy=True):
     from prime_plugin_fused_lm_head.torch_impl import fused_logprobs
 
     return fused_logprobs(hidden, weight, targets, temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk,
                           with_entropy=with_entropy)
 
 
+def _triton(hidden, weight, targets, temperature=1.0, *, token_chunk, vocab_chunk=None, with_entropy=True):
+    from prime_plugin_fused_lm_head.triton_impl import fused_logprobs
+
+    return fused_logprobs(hidden, weight, targets, temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk,
+                          with_entropy=with_entropy)
+
+
+def _fused(hidden, weight, targets, temperature=1.0, *, token_chunk, vocab_chunk=None, with_entropy=True):
+    impl = _triton if hidden.is_cuda and str(hidden.dtype) != "torch.float64" and _triton_reason() is None \
+        else _torch
+    return impl(hidden, weight, targets, temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk,
+                with_entropy=with_entropy)
+
+
+def _triton_reason():
+    from prime_plugin_fused_lm_head.triton_impl import unavailable_reason
+
+    return unavailable_reason()
+
+
 @hookimpl
 def prime_kernels():
+    reference = "eager logits + log_softmax in float64"
     return [
-        Kernel(op="lm_head", name="fused", impl=_fused_logprobs, reference="eager logits + log_softmax in float64",
-               description="chunked LM head in PyTorch: log p(target) and entropy without the [N, V] logits"),
+        Kernel(op="lm_head", name="fused", impl=_fused, reference=reference,
+               description="chunked LM head, log p(target) and entropy without the [N, V] logits: "
+                           "Triton on CUDA, PyTorch elsewhere"),
+        Kernel(op="lm_head", name="fused_torch", impl=_torch, reference=reference,
+               description="chunked LM head in PyTorch (any device and dtype)"),
+        Kernel(op="lm_head", name="fused_triton", impl=_triton, reference=reference, available=_triton_reason,
+               description="chunked LM head with Triton softmax kernels (CUDA)"),
     ]

@@ -13,7 +13,8 @@ import torch
 from prime_plugin_fused_lm_head.chunking import chunk_size_for
 
 
-def fused_logprobs(hidden, weight, targets, temperature=1.0, *, token_chunk, vocab_chunk=None, with_entropy=True):
+def fused_logprobs(hidden, weight, targets, temperature=1.0, *, token_chunk, vocab_chunk=None, with_entropy=True,
+                   blocks=None):
     """``log p(targets)`` and the entropy of ``softmax(hidden @ weight.T / temperature)``.
 
     - ``hidden [N, H]``, ``weight [V, H]`` (the LM head, possibly tied to the embedding), one
@@ -28,7 +29,12 @@ def fused_logprobs(hidden, weight, targets, temperature=1.0, *, token_chunk, voc
     Returns ``(logp [N], entropy [N] or None)`` in float32 (float64 for float64 inputs; the
     softmax math runs in that dtype). Gradients reach ``hidden`` and ``weight`` through
     ``logp`` only; ``entropy`` is marked non-differentiable.
+
+    ``blocks`` does the work of one chunk (``TorchBlocks`` when ``None``; the Triton
+    implementation passes its own); this function owns the chunking, the merge across
+    vocabulary slices and the gradient accumulation.
     """
+    blocks = blocks or TorchBlocks
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(f"fused_logprobs: hidden must be [N, H] and weight [V, H], got "
                          f"{tuple(hidden.shape)} and {tuple(weight.shape)}")
@@ -42,7 +48,8 @@ def fused_logprobs(hidden, weight, targets, temperature=1.0, *, token_chunk, voc
     if vocab_chunk is None:
         vocab_chunk = vocab
     if token_chunk == "auto":
-        token_chunk = chunk_size_for(n, min(vocab, vocab_chunk), width, hidden.dtype)
+        token_chunk = chunk_size_for(n, min(vocab, vocab_chunk), width, hidden.dtype,
+                                     softmax_rows=blocks.softmax_rows)
     if not isinstance(token_chunk, int) or token_chunk < 1 or not isinstance(vocab_chunk, int) or vocab_chunk < 1:
         raise ValueError(f"fused_logprobs: token_chunk ({token_chunk!r}) and vocab_chunk ({vocab_chunk!r}) "
                          "must be positive integers (token_chunk may be 'auto')")
@@ -50,8 +57,8 @@ def fused_logprobs(hidden, weight, targets, temperature=1.0, *, token_chunk, voc
     # so a GPU caller is not made to wait for it.
     torch._assert_async(((targets >= 0) & (targets < vocab)).all(),
                         f"fused_logprobs: a target is outside the vocabulary [0, {vocab})")
-    logp, entropy = _FusedLogProbs.apply(hidden, weight, targets, _temperature(temperature, n, hidden),
-                                         token_chunk, vocab_chunk, with_entropy)
+    logp, entropy = _FusedLogProbs.apply(hidden, weight, targets, _temperature(temperature, n, hidden, blocks),
+                                         token_chunk, vocab_chunk, with_entropy, blocks)
     return logp, (entropy if with_entropy else None)
 
 
@@ -59,15 +66,21 @@ def _softmax_dtype(dtype):
     return torch.promote_types(dtype, torch.float32)
 
 
-def _temperature(temperature, n, hidden):
-    if isinstance(temperature, torch.Tensor):
+def _temperature(temperature, n, hidden, blocks):
+    if isinstance(temperature, torch.Tensor) or blocks.tensor_temperature:
+        if not isinstance(temperature, torch.Tensor):
+            _check_positive(float(temperature))
+            temperature = torch.tensor(float(temperature))
         values = temperature.detach().to(device=hidden.device, dtype=_softmax_dtype(hidden.dtype)).reshape(-1)
         if values.numel() == 1:
             return values.expand(n)
         if values.numel() != n:
             raise ValueError(f"fused_logprobs: temperature has {values.numel()} values for {n} tokens")
         return values
-    temperature = float(temperature)
+    return _check_positive(float(temperature))
+
+
+def _check_positive(temperature):
     if not temperature > 0:
         raise ValueError(f"fused_logprobs: temperature must be positive, got {temperature}")
     return temperature
@@ -121,9 +134,37 @@ def _temperature_rows(temperature, start, end):
     return temperature[start:end] if isinstance(temperature, torch.Tensor) else temperature
 
 
+class TorchBlocks:
+    """The per-chunk work in eager PyTorch: float32 logits (two ``[chunk, vocab]`` rows at the
+    peak, ``chunking.bytes_per_token``)."""
+
+    softmax_rows = 2
+    tensor_temperature = False
+
+    @staticmethod
+    def stats(h, w, temperature, targets, start, with_entropy):
+        """``(max, Σ exp, Σ exp·(x − max))`` per token of ``x = h @ w.T / T`` (the vocabulary
+        slice at ``start``), and each token's scaled target logit (0 where the target lies
+        outside the slice)."""
+        x = _scaled_logits(h, w, temperature)
+        columns, inside = _target_columns(targets, start, w.shape[0])
+        target_logit = x.gather(1, columns)[:, 0].masked_fill_(~inside, 0)
+        return _chunk_stats(x, with_entropy), target_logit
+
+    @staticmethod
+    def grad(h, w, temperature, targets, start, lse, coef):
+        """``d logp / d logits · upstream = (onehot(target) − exp(x − lse)) · coef`` for the
+        slice at ``start`` (``coef = upstream / T``), in the inputs' dtype."""
+        x = _scaled_logits(h, w, temperature)
+        x.sub_(lse[:, None]).exp_().mul_(-coef[:, None])
+        columns, inside = _target_columns(targets, start, w.shape[0])
+        x.scatter_add_(1, columns, coef.masked_fill(~inside, 0)[:, None])
+        return x.to(h.dtype)
+
+
 class _FusedLogProbs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, token_chunk, vocab_chunk, with_entropy):
+    def forward(ctx, hidden, weight, targets, temperature, token_chunk, vocab_chunk, with_entropy, blocks):
         n, vocab = hidden.shape[0], weight.shape[0]
         dtype = _softmax_dtype(hidden.dtype)
         logp = torch.empty(n, dtype=dtype, device=hidden.device)
@@ -135,13 +176,12 @@ class _FusedLogProbs(torch.autograd.Function):
             for t0, t1 in _spans(n, token_chunk):
                 h, rows = hidden[t0:t1], targets[t0:t1]
                 temp = _temperature_rows(temperature, t0, t1)
-                state, target_logit = None, torch.zeros(t1 - t0, dtype=dtype, device=hidden.device)
+                state, target_logit = None, None
                 for v0, v1 in _spans(vocab, vocab_chunk):
-                    x = _scaled_logits(h, weight[v0:v1], temp)
-                    columns, inside = _target_columns(rows, v0, v1 - v0)
-                    target_logit = torch.where(inside, x.gather(1, columns)[:, 0], target_logit)
-                    state = _merge(state, _chunk_stats(x, with_entropy))
-                    del x
+                    part, picked = blocks.stats(h, weight[v0:v1], temp, rows, v0, with_entropy)
+                    # Exactly one slice holds each target; the others contribute zeros.
+                    target_logit = picked if target_logit is None else target_logit.add_(picked)
+                    state = _merge(state, part)
                 m, s, a = state
                 log_s = torch.log(s)
                 lse[t0:t1] = m + log_s
@@ -153,6 +193,7 @@ class _FusedLogProbs(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, targets, lse, tensor_temperature)
         ctx.temperature = None if tensor_temperature is not None else temperature
         ctx.chunks = (token_chunk, vocab_chunk)
+        ctx.blocks = blocks
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
@@ -162,7 +203,7 @@ class _FusedLogProbs(torch.autograd.Function):
         if temperature is None:
             temperature = ctx.temperature
         need_hidden, need_weight = ctx.needs_input_grad[:2]
-        none = (None,) * 5
+        none = (None,) * 6
         if not (need_hidden or need_weight):
             return (None, None, *none)
         token_chunk, vocab_chunk = ctx.chunks
@@ -175,20 +216,15 @@ class _FusedLogProbs(torch.autograd.Function):
             for t0, t1 in _spans(n, token_chunk):
                 h, rows = hidden[t0:t1], targets[t0:t1]
                 temp = _temperature_rows(temperature, t0, t1)
-                # d logp / d logits = (onehot(target) - softmax) / T, times the upstream gradient.
                 coef = grad_logp[t0:t1].to(dtype) / temp
                 for v0, v1 in _spans(vocab, vocab_chunk):
                     w = weight[v0:v1]
-                    x = _scaled_logits(h, w, temp)
-                    x.sub_(lse[t0:t1, None]).exp_().mul_(-coef[:, None])
-                    columns, inside = _target_columns(rows, v0, v1 - v0)
-                    x.scatter_add_(1, columns, coef.masked_fill(~inside, 0)[:, None])
-                    g = x.to(hidden.dtype)
-                    del x
+                    g = ctx.blocks.grad(h, w, temp, rows, v0, lse[t0:t1], coef)
                     if need_hidden:
                         grad_hidden[t0:t1].add_(g @ w)
                     if need_weight:
                         grad_weight[v0:v1].add_(g.T @ h)
+                    del g
         return (
             grad_hidden.to(hidden.dtype) if need_hidden else None,
             grad_weight.to(weight.dtype) if need_weight else None,

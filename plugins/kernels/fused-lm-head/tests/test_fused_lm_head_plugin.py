@@ -22,7 +22,8 @@ def test_registers_lm_head_fused_and_it_runs():
     manager = PluginManager(autoload=True, disabled=()).load()
     record = manager.records["fused_lm_head"]
     assert (record.status, record.dist) == ("active", "prime-plugin-fused-lm-head")
-    assert [s.key for s in manager.provided_by(record)["prime_kernels"]] == ["lm_head:fused"]
+    assert [s.key for s in manager.provided_by(record)["prime_kernels"]] == [
+        "lm_head:fused", "lm_head:fused_torch", "lm_head:fused_triton"]
     kernel = manager.select("kernels", "lm_head:fused")
     assert isinstance(kernel, Kernel) and kernel.unavailable_reason() is None
     assert manager.registry("kernels")["lm_head:fused"].plugin == "fused_lm_head"

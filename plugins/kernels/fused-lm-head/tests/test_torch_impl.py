@@ -1,11 +1,6 @@
 """``fused_logprobs`` against the float64 eager reference (full logits, log_softmax, gather),
-forward and backward, across shapes, dtypes, chunkings and temperatures.
-
-Errors are measured against the size of what is compared: ``|got - ref| <= tol * (|ref| +
-max(1, max |ref|))``, since gradients are sums that cancel and elementwise relative error
-means nothing near zero. ``tol`` is 1e-5 for float32 (measured worst: about 6e-7) and 3e-2
-for bfloat16 (measured worst: about 7e-3): the matmul rounds every logit to bfloat16 (up to
-4e-3 relative), an absolute error that passes into every probability and gradient.
+forward and backward, across shapes, dtypes, chunkings and temperatures (tolerances:
+``reference.check_against_reference``).
 """
 
 import itertools
@@ -15,52 +10,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from prime_plugin_fused_lm_head.reference import reference_logprobs
+from prime_plugin_fused_lm_head.reference import assert_near, check_against_reference, make_inputs, reference_logprobs
 from prime_plugin_fused_lm_head.torch_impl import fused_logprobs
-
-TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float64: 1e-10}
-
-
-def assert_near(got, ref, dtype, what, loosen=1.0):
-    ref = ref.detach()
-    assert got.shape == ref.shape, what
-    if ref.numel() == 0:
-        return
-    error = (got.double() - ref).abs()
-    allowed = loosen * TOL[dtype] * (ref.abs() + max(1.0, ref.abs().max().item()))
-    worst = (error / allowed).max().item()
-    assert worst <= 1, f"{what}: max error {error.max().item():.3g} is {worst:.2f}x the {dtype} tolerance"
-
-
-def make_inputs(n, vocab, width, dtype, per_token, *, seed, logit_scale=2.0):
-    generator = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(n, width, generator=generator).to(dtype).requires_grad_()
-    # Logits of standard deviation ~logit_scale, as a trained head produces: large enough to
-    # make the softmax peaked, small enough that bfloat16 rounding of them stays meaningful.
-    weight = (torch.randn(vocab, width, generator=generator) * logit_scale / width**0.5).to(dtype).requires_grad_()
-    targets = torch.randint(0, vocab, (n,), generator=generator)
-    temperature = torch.rand(n, generator=generator) + 0.5 if per_token else 0.7
-    upstream = torch.randn(n, generator=generator)
-    return hidden, weight, targets, temperature, upstream
-
-
-def check_against_reference(n, vocab, width, dtype, per_token, token_chunk, vocab_chunk, seed=0, loosen=1.0,
-                            **kwargs):
-    hidden, weight, targets, temperature, upstream = make_inputs(n, vocab, width, dtype, per_token, seed=seed,
-                                                                 **kwargs)
-    logp, entropy = fused_logprobs(hidden, weight, targets, temperature, token_chunk=token_chunk,
-                                   vocab_chunk=vocab_chunk)
-    assert logp.dtype == entropy.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
-    grad_hidden, grad_weight = torch.autograd.grad((logp * upstream).sum(), (hidden, weight))
-    assert (grad_hidden.dtype, grad_weight.dtype) == (dtype, dtype)
-
-    ref_logp, ref_entropy = reference_logprobs(hidden, weight, targets, temperature)
-    ref_hidden, ref_weight = torch.autograd.grad((ref_logp * upstream.double()).sum(), (hidden, weight))
-    assert_near(logp, ref_logp, dtype, "logp", loosen)
-    assert_near(entropy, ref_entropy, dtype, "entropy", loosen)
-    assert_near(grad_hidden, ref_hidden, dtype, "grad hidden", loosen)
-    assert_near(grad_weight, ref_weight, dtype, "grad weight", loosen)
-
 
 SHAPES = list(itertools.product((1, 7, 64, 130), (11, 300, 1000), (8, 32)))
 
@@ -70,7 +21,7 @@ SHAPES = list(itertools.product((1, 7, 64, 130), (11, 300, 1000), (8, 32)))
 def test_matches_reference_across_shapes(n, vocab, width, dtype):
     # Chunks that divide neither N nor V, a few of each (one token chunk larger than N when N = 1).
     index = SHAPES.index((n, vocab, width))
-    check_against_reference(n, vocab, width, dtype, per_token=index % 2 == 1, token_chunk=n // 4 + 2,
+    check_against_reference(fused_logprobs, n, vocab, width, dtype, per_token=index % 2 == 1, token_chunk=n // 4 + 2,
                             vocab_chunk=vocab // 3 + 1, seed=index)
 
 
@@ -82,7 +33,7 @@ def test_matches_reference_across_shapes(n, vocab, width, dtype):
 def test_every_chunking_matches_reference(n, vocab, width, token_chunk, vocab_chunk, dtype, per_token):
     token_chunk = {"N": n, "N+5": n + 5}.get(token_chunk, token_chunk)
     vocab_chunk = vocab if vocab_chunk == "V" else vocab_chunk
-    check_against_reference(n, vocab, width, dtype, per_token, token_chunk, vocab_chunk, seed=n + vocab)
+    check_against_reference(fused_logprobs, n, vocab, width, dtype, per_token, token_chunk, vocab_chunk, seed=n + vocab)
 
 
 @pytest.mark.parametrize("vocab_chunk", [None, 7])
@@ -90,7 +41,7 @@ def test_large_logits_stay_exact(vocab_chunk):
     # Logits in the hundreds: exp() of them overflows float32 unless shifted, and vocabulary
     # chunks with very different maxima must merge. Rounding the float32 logits alone costs
     # ~3e-5 there (measured worst: 1.6x the plain 1e-5 tolerance), hence 10x.
-    check_against_reference(20, 300, 16, torch.float32, True, 6, vocab_chunk, logit_scale=200.0, loosen=10.0)
+    check_against_reference(fused_logprobs, 20, 300, 16, torch.float32, True, 6, vocab_chunk, logit_scale=200.0, loosen=10.0)
 
 
 def test_float64_passes_gradcheck():

@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Kernel benchmarks on one GPU, each beside its baseline in the same process.
+
+    python3 benchmarks/kernels_bench.py lm_head --tokens 8192 16384 32768 65536 --out $OUT
+    python3 benchmarks/kernels_bench.py fp8 --tokens 8192 --out $OUT
+    python3 benchmarks/kernels_bench.py table --out $OUT
+
+``lm_head``: forward + backward of the LM head at Qwen3's vocabulary (151,936) and hidden size
+2,048 in bf16, from the final hidden states to per-token log-probabilities, upstream gradient
+random. ``vanilla`` is what an unfused trainer does (``logits = h @ W.T``, ``.float()``,
+``log_softmax``, ``gather``); ``fused_torch`` / ``fused_triton`` are ``lm_head:fused``'s two
+implementations (with the entropy too, which vanilla does not compute), ``liger`` its fused
+linear cross-entropy (when installed). Peak memory is what the call adds on top of its inputs.
+
+``fp8``: ``fp8_linear`` (block-scaled FP8, the ``auto`` backend: DeepGEMM where installed, else
+torch's scaled matmul) against ``F.linear`` in bf16, forward + backward, on the linear shapes of
+a Qwen3-1.7B and a Qwen3-8B block; TFLOP/s = 6·M·K·N / time (2·M·K·N for ``gemm``, the bare
+forward matmul on pre-quantised operands).
+
+Results: JSON lines in ``OUT/kernels.jsonl``; ``table`` prints them. ``--tiny`` shrinks every
+size so the script runs on a CPU in seconds (a smoke test of the script, not a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+VOCAB, HIDDEN = 151936, 2048
+FP8_SHAPES = {  # (K, N) of each block linear: y[M, N] = x[M, K] @ W[N, K].T
+    "1.7B": {"qkv": (2048, 4096), "o": (2048, 2048), "gate_up": (2048, 12288), "down": (6144, 2048)},
+    "8B": {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 24576), "down": (12288, 4096)},
+}
+
+
+def timed(fn, device, reps: int) -> tuple[float, float]:
+    """(seconds per call, peak bytes the call adds above what was allocated before it)."""
+    import torch
+
+    fn()  # warm-up: compilation, autotuning, allocator
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync()
+    seconds = (time.perf_counter() - start) / reps
+    peak = torch.cuda.max_memory_allocated() - base if device.type == "cuda" else 0
+    return seconds, peak
+
+
+def lm_head_impls():
+    import torch
+
+    from prime_plugin_fused_lm_head import torch_impl, triton_impl
+
+    def vanilla(h, w, t):
+        logits = (h @ w.T).float()
+        return torch.log_softmax(logits, dim=-1).gather(1, t[:, None])[:, 0]
+
+    impls = {
+        "vanilla": vanilla,
+        "fused_torch": lambda h, w, t: torch_impl.fused_logprobs(h, w, t, token_chunk="auto")[0],
+        "fused_triton": lambda h, w, t: triton_impl.fused_logprobs(h, w, t, token_chunk="auto")[0],
+    }
+    try:
+        from prime_plugin_liger.lm_head import liger_logprobs
+
+        import liger_kernel  # noqa: F401
+
+        impls["liger"] = lambda h, w, t: liger_logprobs(h, w, t, token_chunk="auto", with_entropy=False)[0]
+    except ImportError:
+        pass
+    if triton_impl.unavailable_reason():
+        del impls["fused_triton"]
+    return impls
+
+
+def bench_lm_head(args, device) -> list[dict]:
+    vocab, hidden = (1000, 64) if args.tiny else (VOCAB, HIDDEN)
+    impls = lm_head_impls()
+    return [record for n in args.tokens for record in lm_head_at(args, device, n, vocab, hidden, impls)]
+
+
+def lm_head_at(args, device, n: int, vocab: int, hidden: int, impls: dict) -> list[dict]:
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(n)
+    h = torch.randn(n, hidden, device=device, generator=gen).bfloat16().requires_grad_()
+    w = (torch.randn(vocab, hidden, device=device, generator=gen) / hidden**0.5).bfloat16().requires_grad_()
+    t = torch.randint(0, vocab, (n,), device=device, generator=gen)
+    upstream = torch.randn(n, device=device, generator=gen)
+    reference, rows = None, []
+    for name, impl in impls.items():
+        record = {"bench": "lm_head", "impl": name, "tokens": n, "vocab": vocab, "hidden": hidden}
+
+        def step(impl=impl):
+            h.grad = w.grad = None
+            logp = impl(h, w, t)
+            (logp * upstream).sum().backward()
+            return logp
+
+        try:
+            seconds, peak = timed(step, device, args.reps)
+            logp = step().detach().float()
+            if reference is None:
+                reference = logp
+            record.update(ms=1e3 * seconds, peak_gib=peak / 2**30, tokens_per_s=n / seconds,
+                          max_diff_vs_first=(logp - reference).abs().max().item())
+        except torch.OutOfMemoryError:
+            record["oom"] = True
+        h.grad = w.grad = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        rows.append(record)
+        emit(args, record)
+    return rows
+
+
+def bench_fp8(args, device) -> list[dict]:
+    from prime_plugin_fp8 import gemm as fp8_gemm
+
+    backend = fp8_gemm.resolve("auto", device)
+    rows = []
+    for m in args.tokens:
+        for model, shapes in FP8_SHAPES.items():
+            for layer, (k, n) in shapes.items():
+                if args.tiny:
+                    k, n = k // 16, n // 16
+                rows += fp8_at(args, device, backend, model, layer, m, k, n)
+    return rows
+
+
+def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n: int) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+
+    from prime_plugin_fp8 import gemm as fp8_gemm
+    from prime_plugin_fp8.linear import fp8_linear
+    from prime_plugin_fp8.quant import quantize_blocks, quantize_rows
+
+    gen = torch.Generator(device=device).manual_seed(k + n)
+    x = torch.randn(m, k, device=device, generator=gen).bfloat16().requires_grad_()
+    w = (torch.randn(n, k, device=device, generator=gen) / k**0.5).bfloat16().requires_grad_()
+    dy = torch.randn(m, n, device=device, generator=gen).bfloat16()
+    xq, wq = quantize_rows(x.detach()), quantize_blocks(w.detach())
+    cases = {
+        "bf16": (lambda: F.linear(x, w).backward(dy), 6),
+        "fp8": (lambda: fp8_linear(x, w, backend=backend).backward(dy), 6),
+        "bf16_gemm": (lambda: x.detach() @ w.detach().T, 2),
+        "fp8_gemm": (lambda: fp8_gemm.gemm(xq, wq, b_block=128, out_dtype=torch.bfloat16, backend=backend), 2),
+    }
+    rows = []
+    for case, (fn, flops_per_mkn) in cases.items():
+        x.grad = w.grad = None
+        seconds, _ = timed(fn, device, args.reps)
+        record = {"bench": "fp8", "case": case, "backend": backend, "model": model, "layer": layer,
+                  "m": m, "k": k, "n": n, "ms": 1e3 * seconds, "tflops": flops_per_mkn * m * k * n / seconds / 1e12}
+        rows.append(record)
+        emit(args, record)
+    return rows
+
+
+def emit(args, record: dict) -> None:
+    with open(args.out / "kernels.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    print(json.dumps(record), flush=True)
+
+
+def table(out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    records = [json.loads(line) for line in (out / "kernels.jsonl").read_text().splitlines() if line.strip()]
+    console = Console(width=140)
+    heads = [r for r in records if r["bench"] == "lm_head"]
+    if heads:
+        grid = Table(title=f"LM head forward + backward, V = {heads[0]['vocab']:,}, H = {heads[0]['hidden']}, bf16")
+        for column in ("tokens", "impl", "ms", "peak GiB", "× vanilla time", "× vanilla memory"):
+            grid.add_column(column, justify="right")
+        base = {r["tokens"]: r for r in heads if r["impl"] == "vanilla" and not r.get("oom")}
+        for r in heads:
+            b = base.get(r["tokens"])
+            if r.get("oom"):
+                grid.add_row(f"{r['tokens']:,}", r["impl"], "OOM", "", "", "")
+                continue
+            grid.add_row(f"{r['tokens']:,}", r["impl"], f"{r['ms']:.1f}", f"{r['peak_gib']:.2f}",
+                         ratio(r["ms"], b and b["ms"]), ratio(r["peak_gib"], b and b["peak_gib"]))
+        console.print(grid)
+    fp8 = [r for r in records if r["bench"] == "fp8"]
+    if fp8:
+        grid = Table(title=f"FP8 linear (backend {fp8[0]['backend']}) against bf16: TFLOP/s")
+        for column in ("model", "layer", "M×K×N", "bf16 fwd+bwd", "fp8 fwd+bwd", "ratio", "bf16 gemm", "fp8 gemm",
+                       "ratio"):
+            grid.add_column(column, justify="right")
+        keyed = {(r["model"], r["layer"], r["m"], r["case"]): r for r in fp8}
+        for (model, layer, m, case), r in keyed.items():
+            if case != "bf16":
+                continue
+            get = {c: keyed.get((model, layer, m, c), {}).get("tflops", float("nan"))
+                   for c in ("bf16", "fp8", "bf16_gemm", "fp8_gemm")}
+            grid.add_row(model, layer, f"{m}×{r['k']}×{r['n']}", f"{get['bf16']:.0f}", f"{get['fp8']:.0f}",
+                         ratio(get["fp8"], get["bf16"]), f"{get['bf16_gemm']:.0f}", f"{get['fp8_gemm']:.0f}",
+                         ratio(get["fp8_gemm"], get["bf16_gemm"]))
+        console.print(grid)
+
+
+def ratio(value, base) -> str:
+    return f"{value / base:.2f}" if base else "-"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=("lm_head", "fp8", "table"))
+    parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/prime-kernels"))
+    parser.add_argument("--tiny", action="store_true")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.mode == "table":
+        table(args.out)
+        return 0
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    {"lm_head": bench_lm_head, "fp8": bench_fp8}[args.mode](args, device)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
