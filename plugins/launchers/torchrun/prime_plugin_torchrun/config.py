@@ -40,6 +40,18 @@ class TorchrunConfig(Section):
     env: dict[str, str] = Field(default_factory=dict)
     """Extra variables for the ranks (e.g. ``NCCL_SOCKET_IFNAME = "ib0"``)."""
 
+    @field_validator("local_ranks_filter", mode="before")
+    @classmethod
+    def _ranks(cls, value):
+        # `--torchrun.local-ranks-filter 0` arrives as an int, `0,1` as a string or a list.
+        if isinstance(value, bool) or value is None:
+            return value
+        if isinstance(value, int):
+            return str(value)
+        if isinstance(value, list | tuple):
+            return ",".join(str(v) for v in value)
+        return value
+
     @field_validator("rdzv_endpoint")
     @classmethod
     def _host_port(cls, value: str | None) -> str | None:

@@ -1,0 +1,199 @@
+"""GPU placement of the local launcher: the seeds' single-node commands, with and without
+CUDA_VISIBLE_DEVICES, and the error when a run asks for more GPUs than are visible."""
+
+import json
+import os
+import stat
+
+import pytest
+
+import prime_plugin_local.plugin as plugin
+from prime_core.errors import PrimeError
+from prime_core.launch.placement import Request, assign, visible_gpus
+
+pytest_plugins = ["prime_core.testing"]
+
+
+@pytest.fixture
+def no_gpus(monkeypatch, tmp_path):
+    """A machine without a driver: no CUDA_VISIBLE_DEVICES, no nvidia-smi on PATH."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+
+
+@pytest.fixture
+def fake_nvidia_smi(monkeypatch, tmp_path):
+    """A driver that lists ``count`` GPUs (``nvidia-smi -L``), CUDA_VISIBLE_DEVICES unset."""
+
+    def make(count: int):
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        script = bin_dir / "nvidia-smi"
+        lines = "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i:04d})'\n" for i in range(count))
+        script.write_text(f"#!/bin/sh\n{lines}")
+        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    return make
+
+
+def dry_run(prime_cli, register_plugin, out, *args, env=None):
+    from prime_core.plugins import get_plugin_manager
+
+    if "local" not in get_plugin_manager().records:
+        register_plugin(plugin, name="local")
+    result = prime_cli("run", "--output-dir", str(out), *args, "--dry-run", env=env)
+    assert result.exit_code == 0, result.output
+    plan = json.loads((out / "configs" / "plan.json").read_text())
+    gpus = {p["role"]: p["env"].get("CUDA_VISIBLE_DEVICES") for p in plan["processes"]}
+    return plan, gpus, result.output
+
+
+def test_visible_gpus_prefers_cuda_visible_devices(fake_nvidia_smi):
+    fake_nvidia_smi(4)
+    assert visible_gpus() == ["0", "1", "2", "3"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "5,7"}) == ["5", "7"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+
+
+def test_visible_gpus_without_a_driver_is_none(no_gpus):
+    assert visible_gpus() is None
+
+
+def test_assign_in_order_and_explicit_ids():
+    requests = [Request("inference", 2, "deployment.num_infer_gpus"), Request("trainer", 1, "deployment.num_train_gpus")]
+    assert assign(requests, ["4", "5", "6"]) == {"inference": ["4", "5"], "trainer": ["6"]}
+    shared = [Request("inference", 1, "k", ids=("0",)), Request("trainer", 1, "k", ids=("0",))]
+    assert assign(shared, ["0"]) == {"inference": ["0"], "trainer": ["0"]}
+
+
+def test_oversubscription_names_the_keys_and_the_fix(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    requests = [Request("inference", 2, "deployment.num_infer_gpus"), Request("trainer", 2, "deployment.num_train_gpus")]
+    with pytest.raises(PrimeError) as info:
+        assign(requests, ["0", "1"])
+    text = str(info.value)
+    assert "asks for 4 GPUs (deployment.num_infer_gpus = 2 + deployment.num_train_gpus = 2)" in text
+    assert "2 are visible (CUDA_VISIBLE_DEVICES=0,1)" in text
+    assert "hint:" in text and "CUDA_VISIBLE_DEVICES" in text.split("hint:")[1]
+
+
+def test_default_rl_takes_inference_first_then_trainer(prime_cli, register_plugin, fake_nvidia_smi, tmp_path):
+    """Seed 001: by default the inference server starts on GPU 0 and the trainer on GPU 1."""
+    fake_nvidia_smi(8)
+    plan, gpus, output = dry_run(prime_cli, register_plugin, tmp_path / "o")
+    assert gpus == {"inference": "0", "orchestrator": None, "trainer": "1"}
+    assert "placement (local launcher)" in output
+    assert [row["role"] for row in plan["placement"]] == ["inference", "orchestrator", "trainer"]
+
+
+def test_seed_six_inference_gpus_with_dp_and_two_trainer_gpus(prime_cli, register_plugin, tmp_path):
+    """Seed 000: --deployment.num-infer-gpus 6 --deployment.num-train-gpus 2 --inference.parallel.dp 6."""
+    env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    plan, gpus, _ = dry_run(prime_cli, register_plugin, tmp_path / "o", "--deployment.num-infer-gpus", "6",
+                            "--deployment.num-train-gpus", "2", "--inference.parallel.dp", "6", env=env)
+    assert gpus["inference"] == "0,1,2,3,4,5" and gpus["trainer"] == "6,7"
+    replicas = [row for row in plan["placement"] if row["role"].startswith("inference")]
+    assert [r["gpus"] for r in replicas] == ["0", "1", "2", "3", "4", "5"]
+    trainer = next(p for p in plan["processes"] if p["role"] == "trainer")
+    assert "--nproc-per-node" in trainer["command"] and "2" in trainer["command"]
+
+
+def test_seed_older_gpu_ids_form(prime_cli, register_plugin, fake_nvidia_smi, tmp_path):
+    """Seed 001: --inference-gpu-ids 0,1,2,3,4,5 --trainer-gpu-ids 6,7 --inference.parallel.dp 6."""
+    fake_nvidia_smi(8)
+    _, gpus, _ = dry_run(prime_cli, register_plugin, tmp_path / "o", "--inference-gpu-ids", "0,1,2,3,4,5",
+                         "--trainer-gpu-ids", "6,7", "--inference.parallel.dp", "6")
+    assert gpus["inference"] == "0,1,2,3,4,5" and gpus["trainer"] == "6,7"
+
+
+def test_seed_single_gpu_shared_by_both_roles(prime_cli, register_plugin, fake_nvidia_smi, tmp_path):
+    """Seed 001: --trainer-gpu-ids 0 --inference-gpu-ids 0 --inference.gpu-memory-utilization 0.5."""
+    fake_nvidia_smi(1)
+    _, gpus, _ = dry_run(prime_cli, register_plugin, tmp_path / "o", "--trainer-gpu-ids", "0",
+                         "--inference-gpu-ids", "0", "--inference.gpu-memory-utilization", "0.5")
+    assert gpus["inference"] == "0" and gpus["trainer"] == "0"
+
+
+def test_seed_two_runs_side_by_side(prime_cli, register_plugin, tmp_path):
+    """Seed 000: two runs on one node, each pinned to half the GPUs, its own port and output_dir."""
+    one, gpus_one, _ = dry_run(prime_cli, register_plugin, tmp_path / "exp1", env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    two, gpus_two, _ = dry_run(prime_cli, register_plugin, tmp_path / "exp2", "--inference.server.port", "8001",
+                               "--orchestrator.client.base-url", "http://localhost:8001/v1",
+                               env={"CUDA_VISIBLE_DEVICES": "2,3"})
+    assert (gpus_one["inference"], gpus_one["trainer"]) == ("0", "1")
+    assert (gpus_two["inference"], gpus_two["trainer"]) == ("2", "3")
+    ports = [next(r for r in plan["placement"] if r["role"] == "inference")["port"] for plan in (one, two)]
+    assert ports == [8000, 8001]
+    orch = json.loads((tmp_path / "exp2" / "configs" / "orchestrator.json").read_text())
+    assert orch["client"]["base_url"] == ["http://localhost:8001/v1"]
+    inference = json.loads((tmp_path / "exp2" / "configs" / "inference.json").read_text())
+    assert inference["server"]["port"] == 8001
+    assert {one["output_dir"], two["output_dir"]} == {str(tmp_path / "exp1"), str(tmp_path / "exp2")}
+
+
+def test_seed_second_experiment_with_explicit_ids(prime_cli, register_plugin, fake_nvidia_smi, tmp_path):
+    """Seed 001: --inference-gpu-ids 2 --trainer-gpu-ids 3 --inference.server.port 8001 ... --output-dir outputs2."""
+    fake_nvidia_smi(4)
+    _, gpus, _ = dry_run(prime_cli, register_plugin, tmp_path / "outputs2", "--inference-gpu-ids", "2",
+                         "--trainer-gpu-ids", "3", "--inference.server.port", "8001",
+                         "--orchestrator.client.base-url", "http://localhost:8001/v1")
+    assert gpus["inference"] == "2" and gpus["trainer"] == "3"
+
+
+def test_too_many_gpus_is_refused_before_anything_starts(prime_cli, register_plugin, tmp_path):
+    register_plugin(plugin, name="local")
+    result = prime_cli("run", "--output-dir", str(tmp_path / "o"), "--deployment.num-infer-gpus", "6",
+                       "--deployment.num-train-gpus", "2", "--dry-run", env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert result.exit_code != 0
+    assert "asks for 8 GPUs (deployment.num_infer_gpus = 6 + deployment.num_train_gpus = 2)" in result.output
+    assert "4 are visible (CUDA_VISIBLE_DEVICES=0,1,2,3)" in result.output
+
+
+def test_inference_dp_larger_than_its_gpus_is_refused(prime_cli, register_plugin, tmp_path):
+    register_plugin(plugin, name="local")
+    result = prime_cli("run", "--output-dir", str(tmp_path / "o"), "--inference.parallel.dp", "2", "--dry-run",
+                       env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert result.exit_code != 0
+    assert "inference.parallel.tp × dp = 1 × 2 = 2 GPUs" in result.output
+    assert "deployment.num_infer_gpus" in result.output
+
+
+def test_cpu_machine_sets_no_devices(prime_cli, register_plugin, no_gpus, tmp_path):
+    plan, gpus, _ = dry_run(prime_cli, register_plugin, tmp_path / "o")
+    assert set(gpus.values()) == {None}
+    assert {row["gpus"] for row in plan["placement"]} <= {"cpu", "-"}
+
+
+def test_sft_on_two_gpus_takes_the_first_two_visible(prime_cli, register_plugin, tmp_path):
+    register_plugin(plugin, name="local")
+    out = tmp_path / "sft"
+    result = prime_cli("sft", "--data.type", "fake", "--deployment.num-gpus", "2", "--output-dir", str(out),
+                       "--dry-run", env={"CUDA_VISIBLE_DEVICES": "4,5,6"})
+    assert result.exit_code == 0, result.output
+    plan = json.loads((out / "configs" / "plan.json").read_text())
+    (process,) = plan["processes"]
+    assert process["env"]["CUDA_VISIBLE_DEVICES"] == "4,5" and plan["inline"] is False
+    assert plan["commands"][0].endswith(f"--standalone --nproc-per-node 2 -m prime_core sft {out / 'configs' / 'sft.json'}")
+    assert "dry_run" not in json.loads((out / "configs" / "sft.json").read_text()), "the written config runs for real"
+
+
+def test_one_process_sft_runs_inline(prime_cli, register_plugin, no_gpus, tmp_path):
+    register_plugin(plugin, name="local")
+    out = tmp_path / "sft"
+    assert prime_cli("sft", "--data.type", "fake", "--output-dir", str(out), "--dry-run").exit_code == 0
+    plan = json.loads((out / "configs" / "plan.json").read_text())
+    assert plan["inline"] is True and plan["commands"] == [f"prime sft {out / 'configs' / 'sft.json'}"]
+
+
+def test_inference_root_plans_one_server(prime_cli, register_plugin, tmp_path):
+    register_plugin(plugin, name="local")
+    out = tmp_path / "inf"
+    result = prime_cli("inference", "--deployment.num-gpus", "2", "--parallel.tp", "2", "--output-dir", str(out),
+                       "--dry-run", env={"CUDA_VISIBLE_DEVICES": "3,4"})
+    assert result.exit_code == 0, result.output
+    plan = json.loads((out / "configs" / "plan.json").read_text())
+    assert plan["inline"] is True and plan["processes"][0]["env"]["CUDA_VISIBLE_DEVICES"] == "3,4"
+    multi = prime_cli("inference", "--deployment.type", "multi_node", "--output-dir", str(out), "--dry-run")
+    assert multi.exit_code == 2 and "independent replica" in multi.output
