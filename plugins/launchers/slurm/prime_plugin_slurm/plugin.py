@@ -167,7 +167,7 @@ def submit(script: Path) -> str:
 def launch(plan) -> int:
     from rich.console import Console
 
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)  # paths stay whole, to copy
     job_id = submit(plan.script)
     logs = plan.output_dir.resolve() / "slurm"
     with (logs / "submitted.jsonl").open("a") as f:
