@@ -41,12 +41,13 @@ def nvidia_smi_gpus() -> list[str] | None:
 
 
 def visible_gpus(environ: Mapping[str, str] | None = None, lister=None) -> list[str] | None:
-    """The GPUs this machine offers, in order: ``CUDA_VISIBLE_DEVICES`` when set (an empty
-    value means none), else what the driver lists; ``None`` on a machine without GPUs."""
+    """The GPUs this machine offers, in order: ``CUDA_VISIBLE_DEVICES`` when set, else what
+    the driver lists; ``None`` when there are none (no driver, or ``CUDA_VISIBLE_DEVICES=""``,
+    which hides every GPU): the roles then run on the CPU and nothing is placed."""
     environ = os.environ if environ is None else environ
     if "CUDA_VISIBLE_DEVICES" in environ:
-        return [d.strip() for d in environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
-    return (lister or nvidia_smi_gpus)()
+        return [d.strip() for d in environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()] or None
+    return (lister or nvidia_smi_gpus)() or None
 
 
 def assign(requests: list[Request], pool: list[str]) -> dict[str, list[str]]:
@@ -66,10 +67,12 @@ def assign(requests: list[Request], pool: list[str]) -> dict[str, list[str]]:
         shown = "CUDA_VISIBLE_DEVICES=" + ",".join(pool) if "CUDA_VISIBLE_DEVICES" in os.environ else \
             f"{len(pool)} GPU(s) listed by nvidia-smi"
         raise PrimeError(
-            f"this run asks for {wanted} GPUs ({asked}) but {len(free)} are visible ({shown})",
-            hint="lower those counts (e.g. --deployment.num-infer-gpus 1 --deployment.num-train-gpus 1), "
-                 "make more GPUs visible with CUDA_VISIBLE_DEVICES, or share a GPU by naming it for two roles "
-                 "(--deployment.inference-gpu-ids 0 --deployment.trainer-gpu-ids 0)")
+            f"this run asks for {wanted} GPUs ({asked}) but {len(free)} {'is' if len(free) == 1 else 'are'} "
+            f"visible ({shown})",
+            hint=f"lower {' / '.join(r.key for r in requests if r.ids is None and r.count)}, make more GPUs "
+                 "visible with CUDA_VISIBLE_DEVICES" + (
+                     ", or share a GPU by naming it for both roles (--deployment.inference-gpu-ids 0 "
+                     "--deployment.trainer-gpu-ids 0)" if len(requests) > 1 else ""))
     out, start = {}, 0
     for r in requests:
         if r.ids is not None:

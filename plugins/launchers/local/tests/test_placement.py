@@ -54,7 +54,7 @@ def test_visible_gpus_prefers_cuda_visible_devices(fake_nvidia_smi):
     fake_nvidia_smi(4)
     assert visible_gpus() == ["0", "1", "2", "3"]
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "5,7"}) == ["5", "7"]
-    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) is None, "all GPUs hidden: a CPU run"
 
 
 def test_visible_gpus_without_a_driver_is_none(no_gpus):
