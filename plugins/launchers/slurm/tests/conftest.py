@@ -124,7 +124,7 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
     return conf
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # the daemons stop when the module that submits is done
 def slurm_cluster():
     why = _why_not()
     if why:
