@@ -10,7 +10,9 @@
 random. ``vanilla`` is what an unfused trainer does (``logits = h @ W.T``, ``.float()``,
 ``log_softmax``, ``gather``); ``fused_torch`` / ``fused_triton`` are ``lm_head:fused``'s two
 implementations (with the entropy too, which vanilla does not compute), ``liger`` its fused
-linear cross-entropy (when installed). Peak memory is what the call adds on top of its inputs.
+linear cross-entropy (when installed). The upstream gradient is one per token (a summed
+log-likelihood, what liger's kernel supports). Peak memory is what the call adds on top of
+its inputs.
 
 ``fp8``: ``fp8_linear`` (block-scaled FP8, the ``auto`` backend: DeepGEMM where installed, else
 torch's scaled matmul) against ``F.linear`` in bf16, forward + backward, on the linear shapes of
@@ -95,7 +97,8 @@ def lm_head_at(args, device, n: int, vocab: int, hidden: int, impls: dict) -> li
     h = torch.randn(n, hidden, device=device, generator=gen).bfloat16().requires_grad_()
     w = (torch.randn(vocab, hidden, device=device, generator=gen) / hidden**0.5).bfloat16().requires_grad_()
     t = torch.randint(0, vocab, (n,), device=device, generator=gen)
-    upstream = torch.randn(n, device=device, generator=gen)
+    # The gradient of a summed log-likelihood (SFT's): the one upstream liger's kernel supports.
+    upstream = torch.ones(n, device=device)
     reference, rows = None, []
     for name, impl in impls.items():
         record = {"bench": "lm_head", "impl": name, "tokens": n, "vocab": vocab, "hidden": hidden}

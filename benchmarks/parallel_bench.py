@@ -111,6 +111,9 @@ def worker(args) -> int:
     started = time.perf_counter()
     training = start_training(config, "trainer", max_steps=None, seed=0, manager=manager)
     build_s = time.perf_counter() - started
+    # The trainer's world carries the meshes (the one from init() above does not): CP groups
+    # share rows, so samples and token counts go by data-parallel group.
+    world = training.world
     groups = world.size // distributed.cp_size(world)
     for seq_len in seq_lens:
         bench = BenchConfig(warmup_steps=args.warmup, steps=args.steps)

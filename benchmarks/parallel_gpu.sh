@@ -35,8 +35,8 @@ case "${1:?phase}" in
       plugins/models/custom/tests/test_cuda.py > "$OUT/gpu_tests.log" 2>&1
     tail -5 "$OUT/gpu_tests.log" ;;
   moe2)
-    bench 2 300 moe --ep 2 --seq-lens 8192 --samples-per-group 2
-    bench 2 240 moe --ep 1 --seq-lens 8192 --samples-per-group 2 ;;
+    bench 2 200 moe --ep 2 --seq-lens 8192 --samples-per-group 2
+    bench 2 170 moe --ep 1 --seq-lens 8192 --samples-per-group 2 ;;
   moe4)
     bench 4 280 moe --ep 4 --seq-lens 8192 --samples-per-group 2
     bench 4 280 moe --ep 1 --seq-lens 8192 --samples-per-group 2 ;;

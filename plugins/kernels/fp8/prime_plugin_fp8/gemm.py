@@ -179,8 +179,10 @@ def emulated_gemm(a, b, *, b_block: int, out_dtype):
 
 
 def _pad_rows(b, b_block: int, multiple: int = 16):
-    """``b`` with zero rows added up to a multiple of 16: cuBLASLt and DeepGEMM's TMA need the
-    output's row length 16-aligned. Never crosses into a new 128-row block of scales."""
+    """An FP8 operand ``(q, scale)`` with zero rows added up to a multiple of ``multiple`` (≤ 128):
+    cuBLASLt and DeepGEMM's TMA need row counts 16-aligned. ``b_block = 1`` for row scales (one
+    per row: padded with ones), 128 for block scales (the padding never crosses into a new
+    128-row block). Returns the operand and the original row count."""
     import torch
 
     q, scale = b
@@ -224,11 +226,16 @@ def torch_gemm(a, b, *, b_block: int, out_dtype, mode: str | None = None):
     if mode == "blockwise":
         try:
             return torch_blockwise_gemm(a, b, b_block=b_block, out_dtype=out_dtype)
-        except NotImplementedError as exc:  # PyTorch's "needs SM90 / cublasLt >= 12.9" refusals
+        except NotImplementedError as exc:  # PyTorch's "needs SM90 / cublasLt >= 12.9": never on this device
             log.warning("torch blockwise FP8 GEMM unavailable on %s (%s); using per-K-chunk _scaled_mm",
                         a[0].device, exc)
             _torch_modes[str(a[0].device)] = "chunked"
             _torch_fallbacks[str(a[0].device)] = str(exc)
+        except RuntimeError as exc:  # cuBLASLt refusing this one shape
+            if "cublas" not in str(exc).lower():
+                raise
+            log.warning("torch blockwise FP8 GEMM refused A %s x B %s (%s); per-K-chunk _scaled_mm for this call",
+                        tuple(a[0].shape), tuple(b[0].shape), str(exc).splitlines()[0])
     return torch_chunked_gemm(a, b, b_block=b_block, out_dtype=out_dtype)
 
 
@@ -253,12 +260,15 @@ def blockwise_scales(a_scale, b_scale, b_block: int):
 def torch_blockwise_gemm(a, b, *, b_block: int, out_dtype):
     import torch.nn.functional as F
 
-    b, n = _pad_rows(b, b_block)
+    # cuBLASLt's blockwise kernels (CUDA 13, H200) refuse row counts that are not whole
+    # 128-row tiles on either side ("CUBLAS_STATUS_NOT_SUPPORTED"): pad both with zero rows.
+    a, m = _pad_rows(a, 1, multiple=128)
+    b, n = _pad_rows(b, b_block, multiple=128)
     sa, sb = blockwise_scales(a[1], b[1], b_block)
     recipe_b = F.ScalingType.BlockWise128x128 if b_block == 128 else F.ScalingType.BlockWise1x128
     out = F.scaled_mm(a[0], b[0].t(), scale_a=sa, scale_recipe_a=F.ScalingType.BlockWise1x128,
                       scale_b=sb, scale_recipe_b=recipe_b, output_dtype=_out_dtype(out_dtype))
-    return out[:, :n].to(out_dtype)
+    return out[:m, :n].to(out_dtype)
 
 
 # Row-wise _scaled_mm writes float32 through cuBLASLt (SM90+, cuBLAS >= 12.9) but only
@@ -273,6 +283,7 @@ def torch_chunked_gemm(a, b, *, b_block: int, out_dtype):
 
     from prime_plugin_fp8.quant import BLOCK
 
+    a, m = _pad_rows(a, 1)
     b, n = _pad_rows(b, b_block)
     (qa, sa), (qb, sb) = a, b
     if b_block == 128:
@@ -292,7 +303,7 @@ def torch_chunked_gemm(a, b, *, b_block: int, out_dtype):
             partial = torch._scaled_mm(*args, out_dtype=torch.bfloat16)
         _chunk_dtypes.setdefault(key, dtype)
         out += partial
-    return out[:, :n].to(out_dtype)
+    return out[:m, :n].to(out_dtype)
 
 
 def deep_gemm_gemm(a, b, *, b_block: int, out_dtype):

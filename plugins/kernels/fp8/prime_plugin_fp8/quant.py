@@ -33,7 +33,10 @@ def padded(k: int) -> int:
 
 
 def _scales(amax: torch.Tensor) -> torch.Tensor:
-    scale = amax / FP8_MAX
+    # Divided by a tensor, not a Python number: CUDA turns division by a number into a
+    # multiplication by its reciprocal (a rounding away from the CPU's scales, and the block's
+    # largest value would no longer land exactly on 448).
+    scale = amax / torch.full_like(amax, FP8_MAX)
     # 0 for an all-zero block (or an amax so small that amax / 448 underflows): its values
     # quantise to 0 with any finite scale. NaN stays NaN, as it would in bf16.
     return torch.where(scale == 0, torch.ones_like(scale), scale)
@@ -52,7 +55,8 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"quantize_rows takes a 2-D tensor, got shape {tuple(x.shape)}")
     m, k = x.shape
     kp = padded(k)
-    x = F.pad(x.float(), (0, kp - k)).reshape(m, kp // BLOCK, BLOCK)
+    # Row-major whatever the input's strides (x may be a transposed view): the GEMMs need it.
+    x = F.pad(x.to(torch.float32, memory_format=torch.contiguous_format), (0, kp - k)).reshape(m, kp // BLOCK, BLOCK)
     scale = _scales(x.abs().amax(dim=-1))
     return _cast(x, scale[..., None]).view(m, kp), scale
 
@@ -64,7 +68,8 @@ def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"quantize_blocks takes a 2-D tensor, got shape {tuple(w.shape)}")
     n, k = w.shape
     kp, np_ = padded(k), padded(n)
-    w = F.pad(w.float(), (0, kp - k, 0, np_ - n)).reshape(np_ // BLOCK, BLOCK, kp // BLOCK, BLOCK)
+    w = F.pad(w.to(torch.float32, memory_format=torch.contiguous_format), (0, kp - k, 0, np_ - n))
+    w = w.reshape(np_ // BLOCK, BLOCK, kp // BLOCK, BLOCK)
     scale = _scales(w.abs().amax(dim=(1, 3)))
     q = _cast(w, scale[:, None, :, None]).view(np_, kp)
     return q[:n], scale
