@@ -265,6 +265,7 @@ def torch_blockwise_gemm(a, b, *, b_block: int, out_dtype):
     a, m = _pad_rows(a, 1, multiple=128)
     b, n = _pad_rows(b, b_block, multiple=128)
     sa, sb = blockwise_scales(a[1], b[1], b_block)
+    a, b = (a[0].contiguous(), a[1]), (b[0].contiguous(), b[1])  # cuBLASLt: A row-major, B.T column-major
     recipe_b = F.ScalingType.BlockWise128x128 if b_block == 128 else F.ScalingType.BlockWise1x128
     out = F.scaled_mm(a[0], b[0].t(), scale_a=sa, scale_recipe_a=F.ScalingType.BlockWise1x128,
                       scale_b=sb, scale_recipe_b=recipe_b, output_dtype=_out_dtype(out_dtype))

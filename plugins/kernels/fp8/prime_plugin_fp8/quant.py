@@ -55,8 +55,9 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"quantize_rows takes a 2-D tensor, got shape {tuple(x.shape)}")
     m, k = x.shape
     kp = padded(k)
-    # Row-major whatever the input's strides (x may be a transposed view): the GEMMs need it.
-    x = F.pad(x.to(torch.float32, memory_format=torch.contiguous_format), (0, kp - k)).reshape(m, kp // BLOCK, BLOCK)
+    # Row-major whatever the input's strides (a transposed view, an expanded gradient): the
+    # GEMMs need it, and .to(memory_format=...) leaves a float32 input as it is.
+    x = F.pad(x.float().contiguous(), (0, kp - k)).reshape(m, kp // BLOCK, BLOCK)
     scale = _scales(x.abs().amax(dim=-1))
     return _cast(x, scale[..., None]).view(m, kp), scale
 
@@ -68,7 +69,7 @@ def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"quantize_blocks takes a 2-D tensor, got shape {tuple(w.shape)}")
     n, k = w.shape
     kp, np_ = padded(k), padded(n)
-    w = F.pad(w.to(torch.float32, memory_format=torch.contiguous_format), (0, kp - k, 0, np_ - n))
+    w = F.pad(w.float().contiguous(), (0, kp - k, 0, np_ - n))
     w = w.reshape(np_ // BLOCK, BLOCK, kp // BLOCK, BLOCK)
     scale = _scales(w.abs().amax(dim=(1, 3)))
     q = _cast(w, scale[:, None, :, None]).view(np_, kp)

@@ -82,3 +82,16 @@ def test_values_stay_finite_at_the_top_of_the_range():
     x = torch.tensor([[3.0e38, -3.0e38, 1.0, 7.0e-3] * 32])
     q, _ = quantize_rows(x)
     assert not q.float().isnan().any() and q.float().abs().max() == 448
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_quantised_operands_are_row_major_whatever_the_input_strides(dtype):
+    # cuBLASLt refuses FP8 operands that are neither row- nor column-major as it expects
+    # ("Only multiplication of row-major and column-major matrices"): a transposed weight in
+    # the input-gradient GEMM, a transposed activation in the weight-gradient GEMM, an
+    # expanded gradient of a sum all reach the quantisers.
+    inputs = [torch.randn(512, 256).to(dtype).t(), torch.ones(1, 1, dtype=dtype).expand(300, 256)]
+    for x in inputs:
+        for quantize in (quantize_rows, quantize_blocks):
+            q, _ = quantize(x)
+            assert q.is_contiguous(), (quantize.__name__, tuple(x.stride()))
