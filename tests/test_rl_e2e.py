@@ -73,7 +73,7 @@ def rl_args(model: Path, out: Path, *extra: str) -> list[str]:
 
 def test_reward_rises_policy_lag_is_bounded_and_weights_reach_inference(warm_model, tmp_path):
     out = tmp_path / "rl"
-    steps = 60  # 50 left the expected-reward rise within noise of the 0.02 bar once in CI
+    steps = 80  # 50, then 60, left the expected-reward rise within noise of the 0.02 bar once each in CI
     # Two trainer processes (gloo): the multi-process trainer learns like one.
     prime(*rl_args(warm_model, out, "--max-steps", str(steps), "--deployment.num-train-gpus", "2"))
     assert {p.name for p in (out / "logs" / "trainer").iterdir()} == {"rank_0.log", "rank_1.log"}

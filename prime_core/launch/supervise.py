@@ -70,14 +70,47 @@ def _stop(running: dict[str, subprocess.Popen], grace: float = GRACE_SECONDS) ->
             p.wait()
 
 
+class _Interrupts:
+    """Ctrl-C (SIGINT) and SIGTERM as a flag the supervision loop polls, instead of an
+    exception raised wherever the main thread happens to be: inside the progress display's
+    lock, that exception left its refresh thread waiting for ever (seen on a loaded machine)."""
+
+    def __init__(self):
+        self.requested = 0  # the signal number once one arrived
+        self._previous = {}
+
+    def __enter__(self):
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.requested = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
 def supervise(plan: LaunchPlan, *, poll_interval: float = 0.2, on_tick=None) -> Outcome:
     """Start every process of ``plan`` and wait; returns how the run ended."""
+    with _Interrupts() as interrupts:
+        return _supervise(plan, poll_interval, on_tick, interrupts)
+
+
+def _supervise(plan: LaunchPlan, poll_interval: float, on_tick, interrupts: _Interrupts) -> Outcome:
     procs = {p.role: p for p in plan.processes}
     running: dict[str, subprocess.Popen] = {}
     try:
         for proc in plan.processes:
             running[proc.role] = _start(proc)
         while True:
+            if interrupts.requested:
+                _stop(running)
+                return Outcome(code=128 + interrupts.requested, message="interrupted: stopped every role")
             for role, popen in running.items():
                 code = popen.poll()
                 # A service (the inference server) must outlive the workers: its exit is a failure.
