@@ -91,8 +91,7 @@ def worker(args) -> int:
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer.build import start_training
     from prime_core.trainer.config import TrainerConfig
-    from prime_core.trainer.fake import FakeDataConfig, fake_batch
-    from prime_core.trainer.step import train_step
+    from prime_core.trainer.fake import FakeDataConfig
 
     world = distributed.init()
     kind = args.mode
@@ -123,11 +122,7 @@ def worker(args) -> int:
         rng = random.Random(0)
         record = {**label, "seq_len": seq_len, "build_s": build_s, "devices": world.size}
         try:
-            for step in range(1, bench.total_steps + 1):
-                batch = fake_batch(fake, seq_len, training.policy.hf_config.vocab_size, rng)
-                t0 = meter.start_step(step)
-                sums = train_step(training, batch["micro_batches"], max_norm=1.0, loss_fn=loss_fn)
-                meter.end_step(step, t0, sums["rows"])
+            batch = meter.run_fake_steps(training, fake, seq_len, rng, loss_fn=loss_fn, max_norm=1.0)
             record.update(meter.result())
             if kind == "moe" and args.ep > 1 and torch.cuda.is_available():
                 record["all_to_all_share"] = all_to_all_share(training, batch, loss_fn)

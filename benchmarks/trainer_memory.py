@@ -82,8 +82,7 @@ def worker(args) -> int:
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer.build import start_training
     from prime_core.trainer.config import TrainerConfig
-    from prime_core.trainer.fake import FakeDataConfig, fake_batch
-    from prime_core.trainer.step import train_step
+    from prime_core.trainer.fake import FakeDataConfig
 
     knob = ALL_KNOBS if args.knob == "all" else KNOBS[args.knob]
     config = TrainerConfig(model={"name": str(args.model_dir), "impl": "hf", "dtype": "bfloat16", **knob},
@@ -103,11 +102,7 @@ def worker(args) -> int:
         rng = random.Random(0)
         record = {"kind": args.kind, "config": args.knob, "seq_len": seq_len, "build_s": build_s}
         try:
-            for step in range(1, bench.total_steps + 1):
-                batch = fake_batch(fake, seq_len, training.policy.hf_config.vocab_size, rng)
-                t0 = meter.start_step(step)
-                sums = train_step(training, batch["micro_batches"], max_norm=1.0, loss_fn=loss_fn)
-                meter.end_step(step, t0, sums["rows"])
+            meter.run_fake_steps(training, fake, seq_len, rng, loss_fn=loss_fn, max_norm=1.0)
             record.update(meter.result())
         except torch.OutOfMemoryError:
             record.update({"oom": True, "devices": world.size})

@@ -171,6 +171,24 @@ class BenchMeter:
         self.label = label
         self.steps: list[dict] = []
 
+    def run_fake_steps(self, training, fake, seq_len: int, rng, *, loss_fn, max_norm, loss_kwargs=None,
+                       on_step=None) -> dict:
+        """Train ``warmup + steps`` steps on fake batches of ``seq_len`` (``trainer.fake``),
+        measuring each; ``on_step(step, sums)`` after each. Returns the last batch."""
+        from prime_core.trainer.fake import fake_batch
+        from prime_core.trainer.step import train_step
+
+        batch = None
+        for step in range(1, self.config.total_steps + 1):
+            batch = fake_batch(fake, seq_len, training.policy.hf_config.vocab_size, rng)
+            started = self.start_step(step)
+            sums = train_step(training, batch["micro_batches"], max_norm=max_norm, loss_fn=loss_fn,
+                              loss_kwargs=loss_kwargs)
+            self.end_step(step, started, sums["rows"])
+            if on_step is not None:
+                on_step(step, sums)
+        return batch
+
     def start_step(self, step: int) -> float:
         from prime_core import distributed
 

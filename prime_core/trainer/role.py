@@ -106,15 +106,13 @@ def run(config) -> int:
 def run_bench(config, training, loss_fn, fake, rng) -> int:
     from prime_core.bench import BenchMeter
 
-    meter = BenchMeter.for_run(config, training, role="trainer", data=fake.length)
-    for step in range(1, config.bench.total_steps + 1):
-        batch = fake_batch(fake, config.seq_len, training.policy.hf_config.vocab_size, rng)
-        started = meter.start_step(step)
-        sums = train_step(training, batch["micro_batches"], max_norm=config.optim.max_norm, loss_fn=loss_fn,
-                          loss_kwargs=config.loss.kwargs)
-        meter.end_step(step, started, sums["rows"])
+    def show(step, sums):
         if training.world.main:
             print(f"bench step {step}/{config.bench.total_steps}: loss {sums['loss']:.4f}", flush=True)
+
+    meter = BenchMeter.for_run(config, training, role="trainer", data=fake.length)
+    meter.run_fake_steps(training, fake, config.seq_len, rng, loss_fn=loss_fn, max_norm=config.optim.max_norm,
+                         loss_kwargs=config.loss.kwargs, on_step=show)
     meter.report()
     distributed.shutdown()
     return 0

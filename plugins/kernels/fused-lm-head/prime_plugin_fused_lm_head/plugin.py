@@ -33,10 +33,11 @@ def _triton(hidden, weight, targets, temperature=1.0, *, token_chunk, vocab_chun
 
 
 def _fused(hidden, weight, targets, temperature=1.0, *, token_chunk, vocab_chunk=None, with_entropy=True):
-    impl = _triton if hidden.is_cuda and str(hidden.dtype) != "torch.float64" and _triton_reason() is None \
-        else _torch
-    return impl(hidden, weight, targets, temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk,
-                with_entropy=with_entropy)
+    import torch
+
+    use_triton = hidden.is_cuda and hidden.dtype != torch.float64 and _triton_reason() is None
+    return (_triton if use_triton else _torch)(hidden, weight, targets, temperature, token_chunk=token_chunk,
+                                                vocab_chunk=vocab_chunk, with_entropy=with_entropy)
 
 
 def _triton_reason():

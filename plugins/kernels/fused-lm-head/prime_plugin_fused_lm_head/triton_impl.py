@@ -20,6 +20,7 @@ float64 reference, through Triton's interpreter on a CPU and compiled on a GPU.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -34,7 +35,6 @@ def unavailable_reason() -> str | None:
         import triton  # noqa: F401
     except ImportError:
         return "needs triton (pip install triton); lm_head:fused runs the PyTorch implementation without it"
-    import os
 
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         return "needs a CUDA GPU (or TRITON_INTERPRET=1, Triton's slow reference interpreter)"
@@ -75,7 +75,7 @@ class TritonBlocks:
         logits = _logits(h, w)
         rows, width = logits.shape
         if rows:
-            grid = (rows, triton_cdiv(width, BLOCK))
+            grid = (rows, _cdiv(width, BLOCK))
             _kernels().grad[grid](logits, logits.stride(0), temperature.contiguous(), targets.contiguous(), start,
                                   width, lse.contiguous(), coef.contiguous(), BLOCK=BLOCK)
         return logits
@@ -86,7 +86,7 @@ def _logits(h, w):
     return h @ w.T
 
 
-def triton_cdiv(a, b):
+def _cdiv(a, b):
     return -(-a // b)
 
 

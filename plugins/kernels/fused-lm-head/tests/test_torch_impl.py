@@ -41,7 +41,8 @@ def test_large_logits_stay_exact(vocab_chunk):
     # Logits in the hundreds: exp() of them overflows float32 unless shifted, and vocabulary
     # chunks with very different maxima must merge. Rounding the float32 logits alone costs
     # ~3e-5 there (measured worst: 1.6x the plain 1e-5 tolerance), hence 10x.
-    check_against_reference(fused_logprobs, 20, 300, 16, torch.float32, True, 6, vocab_chunk, logit_scale=200.0, loosen=10.0)
+    check_against_reference(fused_logprobs, 20, 300, 16, torch.float32, True, 6, vocab_chunk, logit_scale=200.0,
+                            loosen=10.0)
 
 
 def test_float64_passes_gradcheck():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 
 def rank_and_size(group) -> tuple[int, int]:
     import torch.distributed as dist
@@ -46,28 +48,24 @@ def all_to_all(x, group):
     return _all_to_all_function().apply(x, group)
 
 
-_FUNCTION = None
-
-
+# Built on first use: importing the plugin must not import torch.
+@functools.cache
 def _all_to_all_function():
-    global _FUNCTION
-    if _FUNCTION is None:
-        import torch
+    import torch
 
-        class AllToAll(torch.autograd.Function):
-            # The adjoint of an equal-split all-to-all is the same exchange, so the backward
-            # pass sends each gradient slice back to where its input slice came from.
-            @staticmethod
-            def forward(ctx, x, group):
-                ctx.group = group
-                return _exchange(x, group)
+    class AllToAll(torch.autograd.Function):
+        # The adjoint of an equal-split all-to-all is the same exchange, so the backward
+        # pass sends each gradient slice back to where its input slice came from.
+        @staticmethod
+        def forward(ctx, x, group):
+            ctx.group = group
+            return _exchange(x, group)
 
-            @staticmethod
-            def backward(ctx, grad):
-                return _exchange(grad, ctx.group), None
+        @staticmethod
+        def backward(ctx, grad):
+            return _exchange(grad, ctx.group), None
 
-        _FUNCTION = AllToAll
-    return _FUNCTION
+    return AllToAll
 
 
 def _exchange(x, group):

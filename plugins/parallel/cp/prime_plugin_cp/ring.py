@@ -17,6 +17,8 @@ never attend (all keys later, or other samples) with one host sync.
 
 from __future__ import annotations
 
+import functools
+
 from prime_plugin_cp.block import EAGER, acc_dtype, any_allowed
 from prime_plugin_cp.comm import gather_packing, rank_and_size, shift, wait
 
@@ -53,6 +55,17 @@ def merge(out, lse, block_out, block_lse) -> None:
     lse.copy_(new)
 
 
+def _pass_on(kv, step: int, size: int, group):
+    """Start sending ``kv`` to the next rank (and receiving the previous rank's) unless this is
+    the last ring step: ``(pending requests, incoming buffer or None)``."""
+    import torch
+
+    if step == size - 1:
+        return [], None
+    incoming = torch.empty_like(kv)
+    return shift(kv, incoming, group, tag=_KV_TAG), incoming
+
+
 def ring_forward(q, kv, q_index, q_seg, scale, group, kernel):
     """``(out [L, Hq, D] in the accumulation dtype, lse [L, Hq], meta, live)`` for this rank's
     queries and keys/values ``kv [2, L, Hkv, D]``."""
@@ -66,10 +79,7 @@ def ring_forward(q, kv, q_index, q_seg, scale, group, kernel):
     lse = torch.full(q.shape[:2], float("-inf"), dtype=acc, device=q.device)
     for step in range(size):
         source = (rank - step) % size
-        pending, incoming = [], None
-        if step < size - 1:
-            incoming = torch.empty_like(kv)
-            pending = shift(kv, incoming, group, tag=_KV_TAG)
+        pending, incoming = _pass_on(kv, step, size, group)
         if live[source]:
             block_out, block_lse = kernel.forward(q, kv[0], kv[1], q_index, q_seg, meta[source, 0],
                                                   meta[source, 1], scale)
@@ -90,10 +100,7 @@ def ring_backward(dout, q, kv, out, lse, q_index, q_seg, meta, live, scale, grou
     dkv = torch.zeros(kv.shape, dtype=acc, device=q.device)
     for step in range(size):
         source = (rank - step) % size
-        pending, incoming = [], None
-        if step < size - 1:
-            incoming = torch.empty_like(kv)
-            pending = shift(kv, incoming, group, tag=_KV_TAG)
+        pending, incoming = _pass_on(kv, step, size, group)
         if live[source]:
             block_dq, block_dk, block_dv = kernel.backward(dout, q, kv[0], kv[1], lse, delta, q_index, q_seg,
                                                            meta[source, 0], meta[source, 1], scale)
@@ -110,32 +117,28 @@ def ring_backward(dout, q, kv, out, lse, q_index, q_seg, meta, live, scale, grou
     return dq, dkv[0], dkv[1]
 
 
-_FUNCTION = None
-
-
+# Built on first use: importing the plugin must not import torch.
+@functools.cache
 def _function():
-    global _FUNCTION
-    if _FUNCTION is None:
-        import torch
+    import torch
 
-        class RingAttention(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, q, k, v, q_index, q_seg, scale, group, kernel):
-                kv = torch.stack([k, v])  # one message per ring step
-                out, lse, meta, live = ring_forward(q, kv, q_index, q_seg, scale, group, kernel)
-                out = out.to(q.dtype)
-                ctx.save_for_backward(q, kv, out, lse, q_index, q_seg, meta)
-                ctx.live, ctx.scale, ctx.group, ctx.kernel = live, scale, group, kernel
-                ctx.kv_dtypes = (k.dtype, v.dtype)
-                return out
+    class RingAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, q_index, q_seg, scale, group, kernel):
+            kv = torch.stack([k, v])  # one message per ring step
+            out, lse, meta, live = ring_forward(q, kv, q_index, q_seg, scale, group, kernel)
+            out = out.to(q.dtype)
+            ctx.save_for_backward(q, kv, out, lse, q_index, q_seg, meta)
+            ctx.live, ctx.scale, ctx.group, ctx.kernel = live, scale, group, kernel
+            ctx.kv_dtypes = (k.dtype, v.dtype)
+            return out
 
-            @staticmethod
-            def backward(ctx, dout):
-                q, kv, out, lse, q_index, q_seg, meta = ctx.saved_tensors
-                dq, dk, dv = ring_backward(dout.contiguous(), q, kv, out, lse, q_index, q_seg, meta, ctx.live,
-                                      ctx.scale, ctx.group, ctx.kernel)
-                k_dtype, v_dtype = ctx.kv_dtypes
-                return dq.to(q.dtype), dk.to(k_dtype), dv.to(v_dtype), None, None, None, None, None
+        @staticmethod
+        def backward(ctx, dout):
+            q, kv, out, lse, q_index, q_seg, meta = ctx.saved_tensors
+            dq, dk, dv = ring_backward(dout.contiguous(), q, kv, out, lse, q_index, q_seg, meta, ctx.live,
+                                       ctx.scale, ctx.group, ctx.kernel)
+            k_dtype, v_dtype = ctx.kv_dtypes
+            return dq.to(q.dtype), dk.to(k_dtype), dv.to(v_dtype), None, None, None, None, None
 
-        _FUNCTION = RingAttention
-    return _FUNCTION
+    return RingAttention
