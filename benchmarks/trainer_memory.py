@@ -44,6 +44,15 @@ KNOBS = {
     # the other speed and memory knobs on top: the candidates for "our best configuration".
     "custom": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto"},
     "custom_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {}},
+    "custom_compile_tflash": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
+                              "attn": "torch_flash"},
+    "custom_compile_fused": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
+                             "attn": "torch_fused"},
+    # one GPU: FSDP keeps the bf16 weights gathered from forward to backward (nothing to reshard)
+    "custom_fast": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
+                    "attn": "torch_fused", "reshard_after_forward": False},
+    "custom_ac_fast": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {}, "ac": {"freq": 1},
+                       "attn": "torch_fused", "reshard_after_forward": False},
     "custom_fp8_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
                            "quantization": "fp8"},
     "custom_ac": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "ac": {"freq": 1}},
@@ -181,9 +190,48 @@ def profile(args) -> int:
         step()
     averages = prof.key_averages()
     print(averages.table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
-    print(averages.table(sort_by="self_cuda_time_total", row_limit=20), flush=True)
+    print(averages.table(sort_by="self_cuda_time_total", row_limit=30), flush=True)
+    print(kernel_shares(averages), flush=True)
+    if args.trace:
+        import gzip
+
+        trace = args.out / f"trace-{args.knob}-{args.seq_len}.json"
+        prof.export_chrome_trace(str(trace))
+        with open(trace, "rb") as raw, gzip.open(f"{trace}.gz", "wb") as packed:
+            packed.write(raw.read())
+        trace.unlink()
     distributed.shutdown()
     return 0
+
+
+# GPU kernels by what they do, matched on lower-cased kernel names (first match wins).
+KERNEL_KINDS = (("attention", ("flash", "fmha", "cudnn", "attention")),
+                ("matmul", ("gemm", "nvjet", "sm90_", "cutlass", "xmma", "cublas", "splitk")),
+                ("optimizer", ("multi_tensor", "foreach", "adam")),
+                ("triton (compiled or LM head)", ("triton",)),
+                ("nccl", ("nccl",)),
+                ("copy / cast / fill", ("copy", "cast", "fill", "memcpy", "memset", "unrolled_elementwise")),
+                ("other elementwise / reduce", ("elementwise", "reduce", "vectorized")))
+
+
+def kernel_shares(averages) -> str:
+    """A table of GPU time per ``KERNEL_KINDS`` entry over the profiled step's kernels."""
+    from torch.autograd import DeviceType
+
+    totals: dict[str, float] = {}
+    for event in averages:
+        if event.device_type != DeviceType.CUDA or "#" in event.key:  # "#": annotated ranges, not kernels
+            continue
+        name = event.key.lower()
+        kind = next((k for k, needles in KERNEL_KINDS if any(n in name for n in needles)), "other")
+        time_us = getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
+        totals[kind] = totals.get(kind, 0.0) + time_us
+    whole = sum(totals.values()) or 1.0
+    lines = [f"{'GPU time by kernel kind':<32}{'ms':>9}{'share':>8}"]
+    lines += [f"{kind:<32}{us / 1000:>9.1f}{100 * us / whole:>7.1f}%"
+              for kind, us in sorted(totals.items(), key=lambda item: -item[1])]
+    lines.append(f"{'total':<32}{whole / 1000:>9.1f}")
+    return "\n".join(lines)
 
 
 def spawn(args, knob: str, seq_lens: list[int], kind: str, extra: list[str] = ()) -> None:
@@ -241,6 +289,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--samples-per-rank", type=int, default=1)
     parser.add_argument("--stop-at-oom", action="store_true")
+    parser.add_argument("--trace", action="store_true", help="profile: also write a gzipped Chrome trace of the step")
     parser.add_argument("--tiny", action="store_true", help="a small model: smoke test on a CPU")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ wrap it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -29,6 +29,11 @@ class Packing:
     """``[L]`` int64: each token's index in the full row."""
     length: int
     """Tokens in the full row."""
+    cache: dict = field(default_factory=dict, repr=False, compare=False)
+    """What kernels derive once per packing (sample boundaries, ...), keyed by the kernel. A
+    field, not an attribute: FSDP rebuilds dataclass inputs field by field before every
+    wrapped block, and anything set outside the fields would be gone there (recomputed, with
+    a host sync, in every layer)."""
 
     @property
     def contiguous(self) -> bool:

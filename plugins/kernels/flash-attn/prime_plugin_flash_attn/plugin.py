@@ -1,5 +1,7 @@
 """Hooks of prime-plugin-flash-attn: flash-attention 2 and 3 (varlen) as the attention kernel,
-``attention:flash_attention_2`` and ``attention:flash_attention_3``, selected by
+``attention:flash_attention_2`` and ``attention:flash_attention_3``, and torch's bundled copy of
+flash-attention 2's varlen kernel, ``attention:torch_flash``, and ``attention:torch_fused`` (cuDNN
+for one-sample rows, torch_flash for packed ones; neither needs a package), selected by
 ``trainer.model.attn`` for native models (``impl = "custom"``).
 
 Each is available where its package imports and CUDA is visible. Importing this module stays
@@ -49,6 +51,50 @@ def flash_attention_3_unavailable() -> str | None:
     return _unavailable("flash_attn_interface", "flash-attention 3", FA3_HINT)
 
 
+def torch_flash_unavailable() -> str | None:
+    """``None`` where torch's bundled flash-attention varlen kernel can run; otherwise why not."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "torch's flash-attention kernel needs a CUDA GPU and torch sees none here; use trainer.model.attn = 'sdpa'"
+    if not hasattr(torch.ops.aten, "_flash_attention_forward"):
+        return f"torch {torch.__version__} has no aten._flash_attention_forward (built without flash attention)"
+    major, _ = torch.cuda.get_device_capability()
+    if major < 8:
+        return f"torch's flash-attention kernel needs an Ampere or newer GPU (compute capability 8.0+), this one is {major}.x"
+    return None
+
+
+def torch_fused_unavailable() -> str | None:
+    """``None`` where torch's cuDNN and flash attention kernels can run; otherwise why not."""
+    reason = torch_flash_unavailable()
+    if reason:
+        return reason
+    import torch
+
+    if not torch.backends.cudnn.is_available() or not hasattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention"):
+        return f"torch {torch.__version__} has no cuDNN attention here; use trainer.model.attn = 'torch_flash'"
+    return None
+
+
+def _torch_flash(q, k, v, packing, scale):
+    from prime_plugin_flash_attn.torch_kernels import torch_flash
+
+    return torch_flash(q, k, v, packing, scale)
+
+
+def _torch_fused(q, k, v, packing, scale):
+    from prime_plugin_flash_attn.torch_kernels import torch_fused
+
+    return torch_fused(q, k, v, packing, scale)
+
+
+def _prepare_fused(packing) -> None:
+    from prime_plugin_flash_attn.torch_kernels import prepare
+
+    prepare(packing)
+
+
 def _flash_attention_2(q, k, v, packing, scale):
     from prime_plugin_flash_attn.varlen import flash_attention_2
 
@@ -70,6 +116,8 @@ def _prepare(packing) -> None:
 # A model may call ``attention_fn.prepare(packing)`` once per forward, outside compiled blocks,
 # so that the host sync of ``cu_seqlens`` does not happen inside the first layer's graph.
 _flash_attention_2.prepare = _prepare
+_torch_flash.prepare = _prepare
+_torch_fused.prepare = _prepare_fused
 _flash_attention_3.prepare = _prepare
 
 
@@ -83,4 +131,10 @@ def prime_kernels():
         Kernel(op="attention", name="flash_attention_3", impl=_flash_attention_3,
                available=flash_attention_3_unavailable, reference=reference,
                description="flash-attention 3 (Hopper) varlen over a packed row's samples (bf16/fp16, GQA)"),
+        Kernel(op="attention", name="torch_flash", impl=_torch_flash, available=torch_flash_unavailable,
+               reference=reference,
+               description="torch's bundled flash-attention 2 varlen kernel: one call per packed row, no extra package"),
+        Kernel(op="attention", name="torch_fused", impl=_torch_fused, available=torch_fused_unavailable,
+               reference=reference,
+               description="torch's bundled kernels, fastest per row: cuDNN for one sample, flash varlen for packed rows"),
     ]

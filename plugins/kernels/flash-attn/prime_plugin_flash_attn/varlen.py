@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-_CACHE = "_flash_attn_cu_seqlens"
+_CACHE = "flash_attn_cu_seqlens"
 DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -21,7 +21,7 @@ def cu_seqlens(packing) -> tuple[torch.Tensor, int]:
 
     Kept on the packing: every layer of a forward pass sees the same packing object, and the
     boundaries cost one device-to-host copy (flash-attention needs ``max_len`` as a Python int)."""
-    cached = getattr(packing, _CACHE, None)
+    cached = packing.cache.get(_CACHE)
     if cached is not None:
         return cached
     if not packing.contiguous:
@@ -36,7 +36,7 @@ def cu_seqlens(packing) -> tuple[torch.Tensor, int]:
         bounds = torch.cat([starts.new_zeros(1), starts, starts.new_full((1,), length)]).to(torch.int32)
     max_len = int((bounds[1:] - bounds[:-1]).max()) if length else 0
     result = (bounds.to(segments.device), max_len)
-    setattr(packing, _CACHE, result)
+    packing.cache[_CACHE] = result
     return result
 
 
@@ -92,3 +92,4 @@ def flash_attention_3(q, k, v, packing, scale):
     from flash_attn_interface import flash_attn_varlen_func
 
     return _varlen(flash_attn_varlen_func, q, k, v, packing, scale, "flash_attention_3")
+

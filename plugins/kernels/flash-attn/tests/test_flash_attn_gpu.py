@@ -85,3 +85,53 @@ def test_native_model_on_flash_attention_2_matches_sdpa(tmp_path):
     for (name, fast), slow in zip(models[0].named_parameters(), models[1].parameters(), strict=True):
         error = (fast.grad.float() - slow.grad.float()).abs().max() / slow.grad.float().abs().max().clamp_min(1e-3)
         assert error < 5e-2, f"{name}: gradient differs by {error:.3g} (relative)"
+
+
+TORCH_FLASH = pytest.mark.skipif(plugin.torch_flash_unavailable() is not None,
+                                 reason=str(plugin.torch_flash_unavailable()))
+TORCH_FUSED = pytest.mark.skipif(plugin.torch_fused_unavailable() is not None,
+                                 reason=str(plugin.torch_fused_unavailable()))
+
+
+def _torch_kernel(name):
+    from prime_plugin_flash_attn import torch_kernels
+
+    return getattr(torch_kernels, name)
+
+
+@TORCH_FLASH
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("lengths", "heads", "kv_heads", "dim"), ROWS)
+def test_torch_flash_matches_sdpa(lengths, heads, kv_heads, dim, dtype):
+    _check_against_sdpa(_torch_kernel("torch_flash"), lengths, heads, kv_heads, dim, dtype)
+
+
+@TORCH_FUSED
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("lengths", "heads", "kv_heads", "dim"), ROWS + [([4096], 16, 8, 128), ([1, 4095], 16, 8, 128)])
+def test_torch_fused_matches_sdpa(lengths, heads, kv_heads, dim, dtype):
+    _check_against_sdpa(_torch_kernel("torch_fused"), lengths, heads, kv_heads, dim, dtype)
+
+
+@TORCH_FLASH
+def test_torch_flash_compiled_block_does_not_recompile_per_packing():
+    """A compiled function around the kernel, fed rows of one length but different samples,
+    compiles once: the boundaries stay out of the graph."""
+    import torch._dynamo
+
+    from prime_plugin_flash_attn.torch_kernels import torch_flash
+
+    torch._dynamo.reset()
+    counts = torch._dynamo.utils.counters
+    counts.clear()
+
+    @torch.compile(fullgraph=False)
+    def block(q, k, v, packing):
+        return torch_flash(q * 2, k, v, packing, 0.125).sum()
+
+    for lengths in ([512, 512], [100, 900, 24], [1024], [7, 1017]):
+        positions = torch.cat([torch.arange(n, device="cuda") for n in lengths])
+        q = torch.randn(1024, 8, 64, device="cuda", dtype=torch.bfloat16)
+        k = v = torch.randn(1024, 4, 64, device="cuda", dtype=torch.bfloat16)
+        block(q, k, v, Packing.from_position_ids(positions))
+    assert counts["stats"]["unique_graphs"] <= 2, dict(counts["stats"])

@@ -77,12 +77,13 @@ def test_importing_the_plugin_imports_neither_torch_nor_flash_attn():
     assert done.stdout.strip() == "[]"
 
 
-def test_registers_both_attention_kernels():
+def test_registers_the_attention_kernels():
     manager = PluginManager(autoload=True, disabled=()).load()
     record = manager.records["flash_attn"]
     assert (record.status, record.dist) == ("active", "prime-plugin-flash-attn")
     kernels = {spec.key: spec for spec in manager.provided_by(record)["prime_kernels"]}
-    assert set(kernels) == {"attention:flash_attention_2", "attention:flash_attention_3"}
+    assert set(kernels) == {"attention:flash_attention_2", "attention:flash_attention_3", "attention:torch_flash",
+                            "attention:torch_fused"}
     assert all(spec.reference == "prime_plugin_custom.layers.sdpa_attention" for spec in kernels.values())
     assert manager.registry("kernels")["attention:flash_attention_2"].plugin == "flash_attn"
 
@@ -141,6 +142,29 @@ def test_without_flash_attention_the_reasons_name_the_fix(no_flash):
     fa2, fa3 = plugin.flash_attention_2_unavailable(), plugin.flash_attention_3_unavailable()
     assert fa2.startswith("flash_attn is not installed (flash-attention 2): pip install flash-attn --no-build-isolation")
     assert fa3.startswith("flash_attn_interface is not installed (flash-attention 3): build it from the hopper/")
+
+
+def test_torch_flash_without_a_gpu_names_the_fallback(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    reason = plugin.torch_flash_unavailable()
+    assert "needs a CUDA GPU" in reason and "attn = 'sdpa'" in reason
+
+
+def test_torch_flash_on_a_pre_ampere_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    assert "compute capability 8.0+), this one is 7.x" in plugin.torch_flash_unavailable()
+    assert plugin.torch_fused_unavailable() == plugin.torch_flash_unavailable()
+
+
+def test_torch_fused_marks_one_sample_rows_once():
+    from prime_plugin_flash_attn.torch_kernels import single_sample
+
+    one, packed = (Packing.from_position_ids(torch.cat([torch.arange(n) for n in lengths])) for lengths in ([9], [4, 5]))
+    plugin._torch_fused.prepare(one)
+    plugin._torch_fused.prepare(packed)
+    assert (single_sample(one), single_sample(packed)) == (True, False)
+    assert one.cache["torch_fused_single_sample"] is True
 
 
 def test_with_flash_attention_but_no_gpu(fake_flash, monkeypatch):

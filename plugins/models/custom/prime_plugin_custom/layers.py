@@ -91,10 +91,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 def sample_bounds(packing) -> list[tuple[int, int]]:
     """``packing.segments()``, read once per packing: it copies the boundaries to the host
     (a device sync), and every layer sees the same packing object."""
-    cached = packing.__dict__.get("_custom_segments")
+    cached = packing.cache.get("custom_segments")
     if cached is None:
         cached = packing.segments()
-        packing.__dict__["_custom_segments"] = cached
+        packing.cache["custom_segments"] = cached
     return cached
 
 

@@ -84,8 +84,11 @@ class Decoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, packing: Packing) -> torch.Tensor:
         """``[L]`` token ids and positions -> ``[L, H]`` final hidden states."""
-        if packing.contiguous:
-            sample_bounds(packing)  # the one host sync, here rather than inside a compiled block
+        if packing.contiguous:  # the one host sync, here rather than inside a compiled block
+            sample_bounds(packing)
+            prepare = getattr(self.layers[0].self_attn.attention_fn, "prepare", None) if len(self.layers) else None
+            if prepare is not None:
+                prepare(packing)
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(positions, h.dtype)
         for layer in self.layers:
