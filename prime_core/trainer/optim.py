@@ -110,13 +110,15 @@ def clip_and_step(model, optimizer, scheduler, max_norm: float | None) -> float:
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return norm
+    # Read only now: the GPU computes the norm while the host queues the update.
+    return float(norm)
 
 
-def clip_grad_norm(params: list, max_norm: float | None) -> float:
+def clip_grad_norm(params: list, max_norm: float | None):
     """Scale the gradients so that their global 2-norm is at most ``max_norm``; returns the
-    norm before clipping. Parameters may be sharded over different meshes (FSDP's, and EP's
-    experts): the norm is taken per mesh, reduced over that mesh's shards, then combined."""
+    norm before clipping (a scalar tensor, or 0.0 without gradients). Parameters may be sharded
+    over different meshes (FSDP's, and EP's experts): the norm is taken per mesh, reduced over
+    that mesh's shards, then combined."""
     import torch
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.experimental import implicit_replication
@@ -138,4 +140,4 @@ def clip_grad_norm(params: list, max_norm: float | None) -> float:
         with implicit_replication():
             for group in groups.values():
                 torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
-    return float(total)
+    return total

@@ -104,6 +104,8 @@ def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, 
     """Forward and backward over this rank's rows; the loss is normalised by the loss tokens
     of the whole step on every rank. With ``loss_fn`` the RL loss is used, otherwise the
     negative log-likelihood (SFT). Returns this rank's sums (reduce them across ranks)."""
+    import torch
+
     from prime_core import distributed
     from prime_core.trainer.model import predicted_logprobs
 
@@ -111,7 +113,10 @@ def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, 
     cp_rank = world.rank % cp
     norm = max(1, total_loss_tokens)
     scale = world.size / norm  # data-parallel gradient reduction averages over ranks; the loss sums
-    sums = {"loss": 0.0, "entropy": 0.0, "mismatch_kl": 0.0, "is_masked": 0.0, "tokens": 0.0}
+    # Summed on the device and read once at the end: a read per row would make the GPU wait
+    # for the host to queue each next row.
+    device_sums: dict = {}
+    tokens = 0.0
     for row in rows:
         t, packing = prediction_tensors(row, world.device, cp_rank, cp)
         logp, entropy = predicted_logprobs(model, t["input_ids"][None], t["position_ids"][None], t["targets"],
@@ -123,12 +128,19 @@ def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, 
             per_token, extra = loss_fn(logp, t["inference_logprobs"], t["advantages"], **(loss_kwargs or {}))
         loss = (per_token * mask).sum() * scale
         loss.backward()
-        sums["loss"] += float(loss.detach()) / world.size
+        parts = {"loss": loss.detach().float() / world.size}
         if not row.get("padding"):
-            sums["tokens"] += len(row["input_ids"]) / cp
+            tokens += len(row["input_ids"]) / cp
         if entropy is not None:
-            sums["entropy"] += float((entropy * mask).sum()) / norm
+            parts["entropy"] = (entropy.detach() * mask).sum().float() / norm
         for key in ("mismatch_kl", "is_masked"):
             if key in extra:
-                sums[key] += float((extra[key] * mask).sum()) / norm
+                parts[key] = (extra[key].detach() * mask).sum().float() / norm
+        for key, value in parts.items():
+            device_sums[key] = device_sums[key] + value if key in device_sums else value
+    sums = {"loss": 0.0, "entropy": 0.0, "mismatch_kl": 0.0, "is_masked": 0.0}
+    if device_sums:
+        keys = list(device_sums)
+        sums.update(zip(keys, torch.stack([device_sums[k] for k in keys]).tolist(), strict=True))
+    sums["tokens"] = tokens
     return sums
