@@ -52,7 +52,7 @@ KNOBS = {
     "custom_fast": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
                     "attn": "torch_fused", "reshard_after_forward": False},
     "custom_ac_fast": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {}, "ac": {"freq": 1},
-                       "attn": "torch_fused", "reshard_after_forward": False},
+                       "attn": "torch_fused"},
     "custom_fp8_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
                            "quantization": "fp8"},
     "custom_ac": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "ac": {"freq": 1}},

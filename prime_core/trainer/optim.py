@@ -116,28 +116,39 @@ def clip_and_step(model, optimizer, scheduler, max_norm: float | None) -> float:
 
 def clip_grad_norm(params: list, max_norm: float | None):
     """Scale the gradients so that their global 2-norm is at most ``max_norm``; returns the
-    norm before clipping (a scalar tensor, or 0.0 without gradients). Parameters may be sharded
-    over different meshes (FSDP's, and EP's experts): the norm is taken per mesh, reduced over
-    that mesh's shards, then combined."""
+    norm before clipping (a scalar tensor, or 0.0 without gradients).
+
+    Parameters may be sharded over different meshes (FSDP's, and EP's experts). The work runs
+    on the local shards (one fused norm and one fused scale over all of them, none of DTensor's
+    per-call dispatch); each group's sum of squares is then summed over the mesh dimensions
+    its gradients are sharded on, so replicated copies count once."""
     import torch
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.experimental import implicit_replication
 
-    groups: dict[int | None, list] = {}
-    for param in params:
-        mesh = param.grad.device_mesh if isinstance(param.grad, DTensor) else None
-        groups.setdefault(None if mesh is None else id(mesh), []).append(param)
-    squares = []
-    for group in groups.values():
-        norm = torch.nn.utils.get_total_norm([p.grad for p in group])
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        squares.append(norm.float().pow(2))
-    if not squares:
+    if not params:
         return 0.0
+    groups: dict[tuple, list] = {}
+    meshes: dict[tuple, object] = {}
+    local = []
+    for param in params:
+        grad = param.grad
+        if isinstance(grad, DTensor):
+            dims = tuple(i for i, p in enumerate(grad.placements) if p.is_shard())
+            key = (id(grad.device_mesh), dims)
+            meshes[key] = grad.device_mesh
+            grad = grad.to_local()
+        else:
+            key = (None, ())
+        groups.setdefault(key, []).append(grad)
+        local.append(grad)
+    dtype = torch.float64 if any(g.dtype == torch.float64 for g in local) else torch.float32
+    squares = []
+    for key, grads in groups.items():
+        square = torch.stack(torch._foreach_norm(grads)).to(dtype).pow(2).sum()
+        for dim in key[1]:
+            torch.distributed.all_reduce(square, group=meshes[key].get_group(dim))
+        squares.append(square)
     total = torch.stack(squares).sum().sqrt()
     if max_norm:
-        with implicit_replication():
-            for group in groups.values():
-                torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+        torch._foreach_mul_(local, (max_norm / (total + 1e-6)).clamp(max=1.0))
     return total
