@@ -32,11 +32,30 @@ MOE = dict(hidden_size=2048, num_hidden_layers=8, num_attention_heads=32, num_ke
 DENSE = dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
              intermediate_size=6144, vocab_size=151936, tie_word_embeddings=True, rope_theta=1_000_000.0,
              max_position_embeddings=262144, rms_norm_eps=1e-6)
+# Qwen3-30B-A3B's shape (48 layers, 128 experts of 768, top 8): about 30.5B parameters, 3.3B
+# active. ``--layers`` keeps its layer shape and takes fewer of them (16 layers: about 10.3B).
+QWEN3_30B_A3B = dict(MOE, num_hidden_layers=48, num_experts=128)
+SHAPES = {"moe": MOE, "qwen3-30b-a3b": QWEN3_30B_A3B}
+# The seeds' memory-tight recipe ("fitting large MoE on limited GPUs"), as written there; ep
+# comes from --ep.
+MEMORY_TIGHT = {"fused_lm_head_token_chunk_size": 1024, "cp": 2, "optim_cpu_offload": True, "compile": {},
+                "ac": {"freq": 1}, "ac_offloading": {"max_inflight_activations": 1}}
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
             intermediate_size=128, moe_intermediate_size=32, vocab_size=512)
 
 
-def make_model(folder: Path, kind: str, tiny: bool, world) -> Path:
+def model_shape(kind: str, name: str, layers: int | None, tiny: bool) -> dict:
+    shape = {**(SHAPES[name] if kind == "moe" else DENSE)}
+    if layers:
+        shape["num_hidden_layers"] = layers
+    if tiny:
+        shape.update(TINY, num_experts=min(shape.get("num_experts", 8), 16))
+    if kind != "moe":
+        shape = {k: v for k, v in shape.items() if k != "moe_intermediate_size"}
+    return shape
+
+
+def make_model(folder: Path, kind: str, shape: dict, world) -> Path:
     """Write the random checkpoint on rank 0 (once); every rank waits for it."""
     from prime_core import distributed
 
@@ -44,14 +63,16 @@ def make_model(folder: Path, kind: str, tiny: bool, world) -> Path:
         import torch
         from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-        shape = {**(MOE if kind == "moe" else DENSE), **(TINY if tiny else {})}
-        if kind != "moe":
-            shape = {k: v for k, v in shape.items() if k != "moe_intermediate_size"}
         config, family = ((Qwen3MoeConfig(**shape), Qwen3MoeForCausalLM) if kind == "moe"
                           else (Qwen3Config(**shape), Qwen3ForCausalLM))
         torch.manual_seed(0)
-        with torch.device(world.device):
-            model = family(config).to(torch.bfloat16)
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)  # built in bf16 at once: tens of billions fit one GPU so
+        try:
+            with torch.device(world.device):
+                model = family(config)
+        finally:
+            torch.set_default_dtype(default)
         model.save_pretrained(folder, safe_serialization=True)
         del model
         if torch.cuda.is_available():
@@ -95,11 +116,16 @@ def worker(args) -> int:
 
     world = distributed.init()
     kind = args.mode
-    folder = make_model(args.model_root / f"{kind}{'-tiny' if args.tiny else ''}", kind, args.tiny, world)
+    shape = model_shape(kind, args.shape, args.layers, args.tiny)
+    name = kind if kind == "cp" else args.shape + (f"-{args.layers}l" if args.layers else "")
+    folder = make_model(args.model_root / f"{name}{'-tiny' if args.tiny else ''}", kind, shape, world)
     model = {"name": str(folder), "impl": "custom", "dtype": "bfloat16" if torch.cuda.is_available() else "float32"}
     if kind == "moe":
+        if args.recipe == "memory-tight":
+            model.update(MEMORY_TIGHT, cp_style=args.style)
         model.update(ep=args.ep)
-        label = {"kind": "moe", "config": f"ep{args.ep}" if args.ep > 1 else "fsdp"}
+        label = {"kind": "moe", "model": name,
+                 "config": (f"ep{args.ep}" if args.ep > 1 else "fsdp") + ("-tight" if args.recipe == "memory-tight" else "")}
     else:
         model.update(cp=args.cp, cp_style=args.style, ac={"freq": 1})
         label = {"kind": "cp", "config": f"cp{args.cp}-{args.style}" if args.cp > 1 else "cp1"}
@@ -120,7 +146,8 @@ def worker(args) -> int:
                            dtype=model["dtype"], label={**label, "seq_len": seq_len})
         fake = FakeDataConfig(batch_size=args.samples_per_group * groups, length="fixed")
         rng = random.Random(0)
-        record = {**label, "seq_len": seq_len, "build_s": build_s, "devices": world.size}
+        record = {**label, "seq_len": seq_len, "build_s": build_s, "devices": world.size,
+                  "params": round(sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 2)}  # bf16
         try:
             batch = meter.run_fake_steps(training, fake, seq_len, rng, loss_fn=loss_fn, max_norm=1.0)
             record.update(meter.result())
@@ -137,7 +164,8 @@ def worker(args) -> int:
                 f"peak {record['peak_memory_gib']:.1f} GiB"
                 + (f", all-to-all {100 * record['all_to_all_share']:.1f} % of GPU time"
                    if "all_to_all_share" in record else ""))
-            print(f"{label['kind']} {label['config']} seq {seq_len} on {world.size}: {shown}", flush=True)
+            print(f"{label['kind']} {label.get('model', '')} ({record['params'] / 1e9:.1f}B) {label['config']} seq {seq_len} "
+                  f"on {world.size}: {shown}", flush=True)
         import gc
 
         gc.collect()
@@ -174,6 +202,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model-root", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "prime-bench-models")
     parser.add_argument("--ep", type=int, default=1)
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="moe", help="moe: the MoE model's shape")
+    parser.add_argument("--layers", type=int, help="moe: this many layers of the shape")
+    parser.add_argument("--recipe", choices=("default", "memory-tight"), default="default",
+                        help="moe: the default config (FSDP + EP), or the seeds' memory-tight recipe on top")
     parser.add_argument("--cp", type=int, default=1)
     parser.add_argument("--style", choices=("ring", "ulysses"), default="ulysses")
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[8192])
