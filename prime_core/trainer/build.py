@@ -4,9 +4,10 @@ model impl → LoRA → expert parallel → context parallel → activation chec
 activation offloading → compile → FSDP2 → optimizer (state on CPU if asked).
 
 Each step past the model is a ``ParallelStrategy`` selected by name from the registry when
-its config key is on. ``fsdp`` is the data-parallel strategy: it is applied whenever it is
-installed (one process included, for its mixed precision and offloading), and required with
-more than one trainer process.
+its config key is on. ``fsdp`` is the data-parallel strategy: required with more than one
+trainer process, and applied to one process where it has work there (fp32 master weights
+under bf16 compute, or CPU offload). One process computing in its master dtype skips it: FSDP
+would only copy every weight and gradient once more per step.
 """
 
 from __future__ import annotations
@@ -59,8 +60,10 @@ def build_policy(model_config, manager, world, *, only: set[str] | None = None) 
 
     strategies = manager.registry("parallel_strategies")
     names = [n for n in requested(model_config) if only is None or n in only]
+    fsdp_has_work = (world.size > 1 or model_config.optimization_dtype != model_config.dtype
+                     or model_config.fsdp_cpu_offload)
     use_fsdp = ("fsdp" in strategies and strategies["fsdp"].spec.unavailable_reason() is None
-                and (only is None or "fsdp" in only))
+                and (only is None or "fsdp" in only) and fsdp_has_work)
     if world.size > 1 and not use_fsdp:
         raise PluginError(
             f"{world.size} trainer processes need a data-parallel strategy, and the 'fsdp' parallel "
