@@ -3,6 +3,7 @@
 #   bash benchmarks/kernels_gpu.sh tests   # Triton LM head, FP8 (incl. 200-step FP8 vs bf16), liger, custom CUDA
 #   bash benchmarks/kernels_gpu.sh bench   # LM head peak memory/time at V = 151,936; FP8 TFLOP/s vs bf16
 #   bash benchmarks/kernels_gpu.sh step    # whole training step vs the plain HF step (8k, 32k), same job
+#   bash benchmarks/kernels_gpu.sh attention   # attention kernels per row shape (attention_bench.py)
 # Results under $OUT: kernels.jsonl, results.jsonl + hf.json (trainer_memory.py table), logs.
 # Needs prime installed (benchmarks/device_setup.sh); liger-kernel from benchmarks/.whl/extra if carried.
 set -uo pipefail
@@ -15,7 +16,8 @@ for phase in "$@"; do
     tests)
       timeout 420 python3 -m pytest -q -p no:cacheprovider -rs plugins/kernels/fused-lm-head/tests/test_triton_impl.py \
         plugins/kernels/fp8/tests/test_gpu.py plugins/kernels/liger/tests/test_liger_gpu.py \
-        plugins/models/custom/tests/test_cuda.py > "$OUT/kernel_tests.log" 2>&1
+        plugins/models/custom/tests/test_cuda.py plugins/kernels/flash-attn/tests/test_flash_attn_gpu.py \
+        > "$OUT/kernel_tests.log" 2>&1
       tail -15 "$OUT/kernel_tests.log" ;;
     bench)
       timeout 240 python3 benchmarks/kernels_bench.py lm_head --tokens 8192 16384 32768 65536 --out "$OUT" \
@@ -28,12 +30,14 @@ for phase in "$@"; do
       timeout 120 python3 benchmarks/trainer_memory.py model --model-dir $model --out "$OUT" > "$OUT/step.log" 2>&1
       timeout 150 python3 benchmarks/hf_baseline.py --seq-lens 8192 32768 --output-json "$OUT/hf.json" \
         >> "$OUT/step.log" 2>&1 || echo "hf baseline exited $?"
-      timeout 300 python3 benchmarks/trainer_memory.py knobs --model-dir $model --out "$OUT" --seq-lens 8192 \
-        --knobs custom custom_compile custom_fp8_compile --warmup 2 --steps 3 >> "$OUT/step.log" 2>&1
-      timeout 240 python3 benchmarks/trainer_memory.py knobs --model-dir $model --out "$OUT" --seq-lens 32768 \
-        --knobs custom_ac custom_ac_compile custom_lean --warmup 1 --steps 2 >> "$OUT/step.log" 2>&1
+      timeout 200 python3 benchmarks/trainer_memory.py knobs --model-dir $model --out "$OUT" --seq-lens 8192 \
+        --knobs custom_fast custom_fast_bf16 --warmup 2 --steps 6 >> "$OUT/step.log" 2>&1
+      timeout 120 python3 benchmarks/trainer_memory.py knobs --model-dir $model --out "$OUT" --seq-lens 32768 \
+        --knobs custom_ac_fast --warmup 1 --steps 3 >> "$OUT/step.log" 2>&1
       python3 benchmarks/trainer_memory.py table --out "$OUT" ;;
-    *) echo "unknown phase $phase (tests, bench, step)"; exit 2 ;;
+    attention)
+      timeout 120 python3 benchmarks/attention_bench.py --tokens 8192 32768 --samples 1 8 --out "$OUT" ;;
+    *) echo "unknown phase $phase (tests, bench, step, attention)"; exit 2 ;;
   esac
 done
 exit 0

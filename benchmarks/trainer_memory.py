@@ -51,6 +51,10 @@ KNOBS = {
     # one GPU: FSDP keeps the bf16 weights gathered from forward to backward (nothing to reshard)
     "custom_fast": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
                     "attn": "torch_fused", "reshard_after_forward": False},
+    # the baseline's precision: bf16 weights, gradients and AdamW state (no fp32 master copy)
+    "custom_fast_bf16": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
+                         "attn": "torch_fused", "reshard_after_forward": False, "optimization_dtype": "bfloat16",
+                         "reduce_dtype": "bfloat16"},
     "custom_ac_fast": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {}, "ac": {"freq": 1},
                        "attn": "torch_fused"},
     "custom_fp8_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},

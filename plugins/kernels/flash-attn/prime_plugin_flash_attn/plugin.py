@@ -113,8 +113,8 @@ def _prepare(packing) -> None:
     cu_seqlens(packing)
 
 
-# A model may call ``attention_fn.prepare(packing)`` once per forward, outside compiled blocks,
-# so that the host sync of ``cu_seqlens`` does not happen inside the first layer's graph.
+# The native model calls ``attention_fn.prepare(packing)`` once per forward, outside compiled
+# blocks, so that the host sync of ``cu_seqlens`` does not happen inside the first layer's graph.
 _flash_attention_2.prepare = _prepare
 _torch_flash.prepare = _prepare
 _torch_fused.prepare = _prepare_fused
