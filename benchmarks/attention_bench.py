@@ -55,22 +55,18 @@ def main() -> int:
             return torch.cat(outs) if len(outs) > 1 else outs[0]
         return run
 
-    def varlen(q, k, v, bounds, scale):
-        from prime_core.plugins import get_plugin_manager
+    def registered(name):
+        def run(q, k, v, bounds, scale):
+            from prime_core.plugins import get_plugin_manager
 
-        kernel = get_plugin_manager().select("kernels", "attention:torch_flash").impl
-        positions = torch.cat([torch.arange(e - s, device=q.device) for s, e in bounds])
-        return kernel(q, k, v, Packing.from_position_ids(positions), scale)
-
-    def fused(q, k, v, bounds, scale):
-        from prime_core.plugins import get_plugin_manager
-
-        kernel = get_plugin_manager().select("kernels", "attention:torch_fused").impl
-        positions = torch.cat([torch.arange(e - s, device=q.device) for s, e in bounds])
-        return kernel(q, k, v, Packing.from_position_ids(positions), scale)
+            kernel = get_plugin_manager().select("kernels", f"attention:{name}").impl
+            positions = torch.cat([torch.arange(e - s, device=q.device) for s, e in bounds])
+            return kernel(q, k, v, Packing.from_position_ids(positions), scale)
+        return run
 
     kernels = {"sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
-               "sdpa_efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION), "torch_varlen": varlen, "torch_fused": fused}
+               "sdpa_efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION), "torch_varlen": registered("torch_flash"),
+               "torch_fused": registered("torch_fused")}
     device = torch.device("cuda")
     results = []
     for tokens in args.tokens:

@@ -44,8 +44,6 @@ KNOBS = {
     # the other speed and memory knobs on top: the candidates for "our best configuration".
     "custom": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto"},
     "custom_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {}},
-    "custom_compile_tflash": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
-                              "attn": "torch_flash"},
     "custom_compile_fused": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
                              "attn": "torch_fused"},
     # one GPU: FSDP keeps the bf16 weights gathered from forward to backward (nothing to reshard)

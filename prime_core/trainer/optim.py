@@ -127,26 +127,20 @@ def clip_grad_norm(params: list, max_norm: float | None):
 
     if not params:
         return 0.0
-    groups: dict[tuple, list] = {}
-    meshes: dict[tuple, object] = {}
-    local = []
+    groups: dict[tuple, tuple] = {}  # (mesh id, sharded dims) -> (mesh, local gradients)
     for param in params:
-        grad = param.grad
+        grad, mesh, dims = param.grad, None, ()
         if isinstance(grad, DTensor):
-            dims = tuple(i for i, p in enumerate(grad.placements) if p.is_shard())
-            key = (id(grad.device_mesh), dims)
-            meshes[key] = grad.device_mesh
+            mesh, dims = grad.device_mesh, tuple(i for i, p in enumerate(grad.placements) if p.is_shard())
             grad = grad.to_local()
-        else:
-            key = (None, ())
-        groups.setdefault(key, []).append(grad)
-        local.append(grad)
+        groups.setdefault((id(mesh), dims), (mesh, []))[1].append(grad)
+    local = [grad for _, grads in groups.values() for grad in grads]
     dtype = torch.float64 if any(g.dtype == torch.float64 for g in local) else torch.float32
     squares = []
-    for key, grads in groups.items():
+    for (_, dims), (mesh, grads) in groups.items():
         square = torch.stack(torch._foreach_norm(grads)).to(dtype).pow(2).sum()
-        for dim in key[1]:
-            torch.distributed.all_reduce(square, group=meshes[key].get_group(dim))
+        for dim in dims:
+            torch.distributed.all_reduce(square, group=mesh.get_group(dim))
         squares.append(square)
     total = torch.stack(squares).sum().sqrt()
     if max_norm:

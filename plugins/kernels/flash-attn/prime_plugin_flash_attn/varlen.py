@@ -92,4 +92,3 @@ def flash_attention_3(q, k, v, packing, scale):
     from flash_attn_interface import flash_attn_varlen_func
 
     return _varlen(flash_attn_varlen_func, q, k, v, packing, scale, "flash_attention_3")
-
