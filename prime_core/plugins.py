@@ -299,7 +299,7 @@ class PluginManager:
         self.load()
         for record in self.records.values():
             provided = [s for ss in self.provided_by(record).values() for s in ss]
-            checked = [s for s in provided if s.available is not None]
+            checked = [s for s in provided if s.checks_availability]
             if record.status == "active" and checked and len(checked) == len(provided):
                 reasons = [s.unavailable_reason() for s in checked]
                 if all(reasons):

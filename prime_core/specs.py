@@ -5,6 +5,12 @@ of the frozen dataclasses below. The core collects them per registry, refuses tw
 of one key (naming both), and selects by the name the config asks for. Plugins never see
 each other's specs and registration order never changes which one is used.
 
+Callables (and objects such as a state-dict adapter) may be given as a lazy reference,
+``"package.module:attribute"``: the core imports it the first time the field is read, so a
+plugin's registration module stays cheap to import and needs no wrapper functions::
+
+    ParallelStrategy(name="ep", apply="prime_plugin_ep.strategy:apply", ...)
+
 All specs share three fields:
 
 - ``name``: what the config selects (``launcher = "slurm"``), lower-case.
@@ -19,19 +25,53 @@ This module imports nothing heavy: the CLI and every plugin import it.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.:\-]*$")
+Ref = Callable[..., Any] | str
+"""A callable, or a lazy ``"module:attribute"`` reference to one."""
+
+_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def ref(default: Any = ..., **kwargs: Any) -> Any:
+    """A spec field that takes a value or a lazy ``"module:attribute"`` reference."""
+    if default is not ...:
+        kwargs["default"] = default
+    return field(metadata={"ref": True}, **kwargs)
+
+
+def import_ref(reference: str) -> Any:
+    """The object ``"package.module:attr.sub"`` names (imported now)."""
+    from prime_core.errors import PluginError
+
+    module_name, _, attr = reference.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise PluginError(f"cannot load {reference!r}: {type(exc).__name__}: {exc}",
+                          hint="the plugin registers a reference to something that does not exist; "
+                               "reinstall or fix the plugin") from None
+    return obj
+
+
+@functools.cache
+def _ref_fields(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls) if f.metadata.get("ref"))
 
 
 @dataclass(frozen=True, kw_only=True)
 class Spec:
     name: str
     description: str = ""
-    available: Callable[[], str | None] | None = field(default=None, compare=False, repr=False)
+    available: Callable[[], str | None] | str | None = ref(None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -39,18 +79,34 @@ class Spec:
                 f"{type(self).__name__} name {self.name!r} is invalid: use lower-case letters, "
                 "digits, '_', '-', '.' or ':'"
             )
+        for name in _ref_fields(type(self)):
+            value = object.__getattribute__(self, name)
+            if isinstance(value, str) and not _REF.match(value):
+                raise ValueError(f"{type(self).__name__} '{self.name}': {name} = {value!r} is not a reference "
+                                 "of the form 'package.module:attribute'")
+
+    def __getattribute__(self, name: str) -> Any:
+        value = object.__getattribute__(self, name)
+        if isinstance(value, str) and name in _ref_fields(type(self)):
+            value = import_ref(value)
+            object.__setattr__(self, name, value)  # resolved once; frozen for everyone else
+        return value
 
     @property
     def key(self) -> str:
         """The name this spec is registered and selected under."""
         return self.name
 
+    @property
+    def checks_availability(self) -> bool:
+        """Whether the spec has an ``available`` check (without importing a lazy one)."""
+        return object.__getattribute__(self, "available") is not None
+
     def unavailable_reason(self) -> str | None:
         """``None`` when usable here, else why not (errors in the check count as reasons)."""
-        if self.available is None:
-            return None
         try:
-            return self.available()
+            check = self.available
+            return None if check is None else check()
         except Exception as exc:  # a broken check must not take the CLI down
             return f"availability check raised {type(exc).__name__}: {exc}"
 
@@ -87,9 +143,9 @@ class ModelImpl(Spec):
     module already uses them).
     """
 
-    build: Callable[..., Any]
-    supports: Callable[[Any], bool] | None = field(default=None, compare=False)
-    state_dict_adapter: Any = field(default=None, compare=False)
+    build: Ref = ref()
+    supports: Callable[[Any], bool] | str | None = ref(None, compare=False)
+    state_dict_adapter: Any = ref(None, compare=False)
     priority: int = 0  # among implementations that support a checkpoint, "auto" takes the highest
 
 
@@ -111,7 +167,7 @@ class ParallelStrategy(Spec):
     leaves them alone, and the strategy reduces their gradients in ``before_step``.
     """
 
-    apply: Callable[..., Any]
+    apply: Ref = ref()
     mesh_dims: tuple[str, ...] = ()
 
 
@@ -146,7 +202,7 @@ class EPBackend(Spec):
     ``group``. The contract tests in ``prime_plugin_ep.contract`` check any backend.
     """
 
-    make: Callable[..., Any]
+    make: Ref = ref()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,7 +214,7 @@ class Kernel(Spec):
     """
 
     op: str
-    impl: Callable[..., Any]
+    impl: Ref = ref()
     reference: str = ""
 
     @property
@@ -179,8 +235,8 @@ class InferenceBackend(Spec):
     a model name).
     """
 
-    server: Callable[..., Any]
-    admin: Callable[..., Any]
+    server: Ref = ref()
+    admin: Ref = ref()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,7 +244,7 @@ class Router(Spec):
     """Picks an inference replica for a request. ``make(urls)`` returns an object with
     ``pick(request) -> url`` and ``done(url)``."""
 
-    make: Callable[..., Any]
+    make: Ref = ref()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,15 +257,15 @@ class Launcher(Spec):
     JSON file under ``output_dir/configs``. ``launch(plan)`` runs it and returns the exit code.
     """
 
-    plan: Callable[..., Any]
-    launch: Callable[..., int]
+    plan: Ref = ref()
+    launch: Ref = ref()
 
 
 @dataclass(frozen=True, kw_only=True)
 class Environment(Spec):
     """An RL environment: ``load(**args)`` returns an object with tasks and a rubric."""
 
-    load: Callable[..., Any]
+    load: Ref = ref()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,8 +279,8 @@ class WeightTransport(Spec):
     orchestrator to find the newest published version.
     """
 
-    publisher: Callable[..., Any]
-    loader: Callable[..., Any]
+    publisher: Ref = ref()
+    loader: Ref = ref()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,7 +289,7 @@ class Algorithm(Spec):
     ``trainer.loss.type``)."""
 
     kind: Literal["advantage", "loss"]
-    fn: Callable[..., Any]
+    fn: Ref = ref()
 
     @property
     def key(self) -> str:
@@ -245,7 +301,7 @@ class Monitor(Spec):
     """A metric sink. ``make(config, *, output_dir, role)`` returns an object with
     ``log(metrics: dict, step: int)`` and ``close()``."""
 
-    make: Callable[..., Any]
+    make: Ref = ref()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,5 +309,5 @@ class CliCommand(Spec):
     """An extra ``prime`` subcommand: a ``typer.Typer`` app (a group) or a plain function
     (one command). ``parent`` nests it under an existing group, e.g. ``("slurm",)``."""
 
-    app: Any
+    app: Any = ref()
     parent: Sequence[str] = ()

@@ -62,3 +62,21 @@ def test_available_reports_reasons_and_survives_broken_checks():
     assert ok.unavailable_reason() is None
     assert missing.unavailable_reason() == "deep_ep is not installed"
     assert "ImportError" in crashing.unavailable_reason()
+
+
+def test_lazy_references_import_on_first_read_and_fail_clearly():
+    import sys
+
+    from prime_core.errors import PluginError
+
+    sys.modules.pop("colorsys", None)
+    kernel = specs.Kernel(op="lm_head", name="x", impl="colorsys:rgb_to_hsv", available="colorsys:hsv_to_rgb")
+    assert "colorsys" not in sys.modules  # nothing imported at registration
+    assert kernel.impl(1.0, 0.0, 0.0)[0] == 0.0 and kernel.impl is kernel.impl
+    assert "colorsys" in sys.modules
+    with pytest.raises(ValueError, match="not a reference"):
+        specs.Kernel(op="a", name="b", impl="no_colon_here")
+    broken = specs.Kernel(op="a", name="b", impl="prime_no_such_module:fn")
+    with pytest.raises(PluginError, match="cannot load 'prime_no_such_module:fn'"):
+        broken.impl
+    assert "cannot load" in specs.EPBackend(name="x", make=print, available="prime_no_such_module:f").unavailable_reason()
