@@ -203,7 +203,7 @@ class BenchMeter:
 
         synchronize(self.world.device)
         elapsed = time.perf_counter() - started
-        cp = distributed.cp_size(self.world)  # the ranks of a CP group hold the same rows
+        cp = self.world.rows_split  # the ranks of a CP group hold the same rows
         tokens = sum(len(r["input_ids"]) for r in rows if not r.get("padding")) / cp
         flops = step_flops(rows, self.n_params, self.hf_config) / cp
         tokens, flops = distributed.all_reduce([tokens, flops], self.world)

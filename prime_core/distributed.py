@@ -1,10 +1,10 @@
 """The one place that creates process groups and device meshes.
 
 Trainer processes started by torchrun (``WORLD_SIZE`` > 1) join one process group: NCCL on
-GPUs, gloo on CPUs. Strategies never create groups; they receive the mesh built here, whose
-named dimensions are ``dp_replicate`` (HSDP replicas) and ``dp_shard`` (FSDP shards), ``cp``
-(context-parallel groups) and ``dp_mod_ep`` × ``ep`` (expert-parallel groups). Context- and
-expert-parallel groups are consecutive ranks.
+GPUs, gloo on CPUs. Strategies never create groups; they receive the meshes ``ParallelDims``
+builds from every declared degree: ``dp_replicate`` × ``dp_shard`` (data parallelism) and,
+per other degree ``D`` (context or expert parallelism), ``dp_mod_D`` × ``D`` (groups of ``D``
+consecutive ranks).
 """
 
 from __future__ import annotations
@@ -23,7 +23,13 @@ class World:
     size: int = 1
     device: Any = "cpu"
     """``torch.device`` this rank computes on."""
-    meshes: dict[str, Any] = field(default_factory=dict)
+    dims: ParallelDims | None = None
+    """The parallel degrees and their meshes, set when the policy is built."""
+
+    @property
+    def rows_split(self) -> int:
+        """How many ranks share each packed row (the context-parallel degree)."""
+        return self.dims.rows_split if self.dims is not None else 1
 
     @property
     def distributed(self) -> bool:
@@ -67,65 +73,82 @@ def _ensure_group(world: World) -> None:
                                 device_id=world.device if world.device.type == "cuda" else None)
 
 
-def data_parallel_mesh(world: World, dp_replicate: int = 1):
-    """The mesh FSDP shards over: 1-D ``(dp_shard,)``, or 2-D ``(dp_replicate, dp_shard)``
-    for HSDP. It spans every rank (context- and expert-parallel ranks shard the dense
-    parameters too). Works with one process (a mesh of size 1)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    if world.size % dp_replicate:
-        raise ValueError(f"trainer.model.dp_replicate = {dp_replicate} does not divide the "
-                         f"{world.size} trainer processes")
-    _ensure_group(world)
-    if dp_replicate > 1:
-        mesh = init_device_mesh(world.device.type, (dp_replicate, world.size // dp_replicate),
-                                mesh_dim_names=("dp_replicate", "dp_shard"))
-    else:
-        mesh = init_device_mesh(world.device.type, (world.size,), mesh_dim_names=("dp_shard",))
-    world.meshes["dp"] = mesh
-    return mesh
+DATA_PARALLEL_DIMS = ("dp_replicate", "dp_shard")
 
 
-def context_parallel_mesh(world: World, cp: int):
-    """The 1-D ``cp`` mesh of this rank's context-parallel group: ``cp`` consecutive ranks,
-    which share their rows (``prime_core.trainer.step``)."""
-    from torch.distributed.device_mesh import init_device_mesh
+@dataclass
+class ParallelDims:
+    """Every parallel degree of the trainer, checked once, and the device meshes built once.
 
-    if world.size % cp:
-        raise ValueError(f"trainer.model.cp = {cp} does not divide the {world.size} trainer processes")
-    _ensure_group(world)
-    mesh = init_device_mesh(world.device.type, (world.size // cp, cp), mesh_dim_names=("dp_cp", "cp"))["cp"]
-    world.meshes["cp"] = mesh
-    return mesh
+    ``degrees`` maps mesh dimensions to sizes (``{"dp_replicate": 2, "cp": 2, "ep": 4}``), as
+    the enabled strategies declare them (``ParallelStrategy.degrees``); each must divide the
+    world size. Meshes:
 
+    - ``("dp_replicate", "dp_shard")``: every rank, ``dp_replicate`` replicas of
+      ``world / dp_replicate`` shards (1-D ``("dp_shard",)`` without replicas). Data
+      parallelism shards every dense parameter over it, whatever the other degrees.
+    - ``("dp_mod_D", "D")`` for every other degree ``D``: groups of ``D`` consecutive ranks,
+      and the ranks at the same place in different groups; ``("D",)`` is its 1-D part.
 
-def expert_mesh(world: World, ep: int):
-    """The 2-D ``(dp_mod_ep, ep)`` mesh: ``ep`` consecutive ranks split the experts among
-    them; ranks at the same place in different EP groups hold the same experts."""
-    from torch.distributed.device_mesh import init_device_mesh
+    ``row_dim`` is the dimension whose ranks split each packed row (context parallelism).
+    """
 
-    if world.size % ep:
-        raise ValueError(f"trainer.model.ep = {ep} does not divide the {world.size} trainer processes")
-    _ensure_group(world)
-    mesh = init_device_mesh(world.device.type, (world.size // ep, ep), mesh_dim_names=("dp_mod_ep", "ep"))
-    world.meshes["ep"] = mesh
-    return mesh
+    world_size: int
+    degrees: dict[str, int] = field(default_factory=dict)
+    row_dim: str | None = None
+    meshes: dict[tuple[str, ...], Any] = field(default_factory=dict, repr=False)
 
+    def problems(self, prefix: str = "trainer.model", processes: str | None = None) -> list[str]:
+        """One message per degree that does not divide the world size."""
+        where = processes or f"{self.world_size} trainer processes"
+        return [f"{prefix}.{dim} = {size} does not divide the {where}"
+                for dim, size in self.degrees.items() if size > 1 and self.world_size % size]
 
-def mesh_for(world: World, dims: tuple[str, ...], model_config):
-    """The mesh a strategy declared in ``mesh_dims`` (``None`` when it needs none)."""
-    if {"dp_shard", "dp_replicate"} & set(dims):
-        return world.meshes.get("dp") or data_parallel_mesh(world, model_config.dp_replicate)
-    if "cp" in dims:
-        return world.meshes.get("cp") or context_parallel_mesh(world, model_config.cp)
-    if "ep" in dims:
-        return world.meshes.get("ep") or expert_mesh(world, model_config.ep)
-    return None
+    def size(self, dim: str) -> int:
+        return self.degrees.get(dim, 1)
 
+    @property
+    def rows_split(self) -> int:
+        """How many ranks share each packed row (1 without context parallelism)."""
+        return self.size(self.row_dim) if self.row_dim else 1
 
-def cp_size(world: World) -> int:
-    mesh = world.meshes.get("cp")
-    return mesh.size() if mesh is not None else 1
+    def build(self, world: World, requested: list[tuple[str, ...]]) -> None:
+        """Build the meshes the strategies asked for, each once."""
+        problems = self.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+        for dims in requested:
+            if dims:
+                self.mesh(dims, world)
+
+    def mesh(self, dims: tuple[str, ...], world: World | None = None):
+        """The mesh ``dims`` names (built on first request, which needs ``world``)."""
+        key = self._base(dims)
+        if key not in self.meshes:
+            if world is None:
+                raise RuntimeError(f"no device mesh {dims} was built (ParallelDims.build first)")
+            from torch.distributed.device_mesh import init_device_mesh
+
+            _ensure_group(world)
+            if key == DATA_PARALLEL_DIMS:
+                replicas = self.size("dp_replicate")
+                shape, names = ((replicas, self.world_size // replicas), DATA_PARALLEL_DIMS) if replicas > 1 else \
+                    ((self.world_size,), ("dp_shard",))
+            else:
+                size = self.size(key[1])
+                shape, names = (self.world_size // size, size), key
+            self.meshes[key] = init_device_mesh(world.device.type, shape, mesh_dim_names=names)
+        mesh = self.meshes[key]
+        return mesh[dims[0]] if len(dims) == 1 and key != DATA_PARALLEL_DIMS else mesh
+
+    @staticmethod
+    def _base(dims: tuple[str, ...]) -> tuple[str, ...]:
+        if set(dims) <= set(DATA_PARALLEL_DIMS):
+            return DATA_PARALLEL_DIMS
+        dim = dims[-1]
+        if dims not in ((dim,), (f"dp_mod_{dim}", dim)):
+            raise ValueError(f"mesh dims {dims}: use {DATA_PARALLEL_DIMS}, (D,) or ('dp_mod_D', 'D')")
+        return (f"dp_mod_{dim}", dim)
 
 
 def all_reduce(values: list[float], world: World, op: str = "sum") -> list[float]:

@@ -73,18 +73,46 @@ def drop_steps_from(path: Path, role: str, step: int) -> int:
     return len(moved)
 
 
+def flatten(metrics: dict, prefix: str = "") -> dict[str, float | int | str]:
+    """Nested dicts as ``"outer/inner"`` keys, so every value a monitor gets is a scalar
+    (``{"env_rewards": {"a": 1.0}}`` -> ``{"env_rewards/a": 1.0}``)."""
+    out: dict[str, float | int | str] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}/"))
+        elif isinstance(value, bool | int | float | str):
+            out[name] = value
+        elif hasattr(value, "item"):  # a 0-d tensor or numpy scalar
+            out[name] = value.item()
+        else:
+            raise TypeError(f"metric {name!r} is a {type(value).__name__}; metrics are numbers, strings or dicts of them")
+    return out
+
+
+def selected_monitors(config, manager) -> list[str]:
+    """``jsonl`` (always), then the ``monitors`` list, then every monitor whose plugin's config
+    table (``[NAME]``) is present; each once."""
+    names = ["jsonl", *(getattr(config, "monitors", None) or [])]
+    names += [name for name in manager.registry("monitors") if getattr(config, name, None) is not None]
+    return list(dict.fromkeys(names))
+
+
 class MetricsLogger:
-    def __init__(self, config, *, role: str, output_dir: Path, monitors: tuple[str, ...] = ("jsonl",)) -> None:
+    """Writes each step's metrics to every selected monitor, prints the ``show`` keys, and
+    calls ``prime_on_step_end``. Every value reaching a monitor or a hook is a scalar."""
+
+    def __init__(self, config, *, role: str, output_dir: Path) -> None:
         from prime_core.plugins import get_plugin_manager
 
         manager = get_plugin_manager()
-        names = list(monitors) + (["wandb"] if getattr(config, "wandb", None) is not None else [])
-        self.sinks = [manager.select("monitors", n, key="monitors").make(config, output_dir=output_dir, role=role)
-                      for n in names]
+        self.sinks = [manager.select("monitors", name, key="monitors").make(config, output_dir=output_dir, role=role)
+                      for name in selected_monitors(config, manager)]
         self.role = role
         self.manager = manager
 
     def log(self, step: int, metrics: dict, *, show: tuple[str, ...] = ()) -> None:
+        metrics = flatten(metrics)
         for sink in self.sinks:
             sink.log(metrics, step)
         parts = [f"step {step}"] + [f"{k} {metrics[k]:.4g}" if isinstance(metrics[k], float) else f"{k} {metrics[k]}"

@@ -38,16 +38,18 @@ def run_case(case: dict, model_dir: str, out_dir: Path, *, reference: bool, save
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer import ckpt
     from prime_core.trainer.build import Training, build_policy, full_state_dict
-    from prime_core.trainer.config import OptimConfig, SchedulerConfig, TrainerModelConfig
+    from prime_core.config.checks import section_model
+    from prime_core.trainer.config import OptimConfig, SchedulerConfig
     from prime_core.trainer.optim import build_optimizer, build_scheduler
     from prime_core.trainer.step import train_step
 
     manager = get_plugin_manager()
-    model_config = TrainerModelConfig(**{"name": model_dir, "impl": "hf", "dtype": "float32", **case.get("model", {})})
+    model_config = section_model("trainer", "model")(**{"name": model_dir, "impl": "hf", "dtype": "float32",
+                                                         **case.get("model", {})})
     optim_config = OptimConfig(**{"lr": 1e-2, "weight_decay": 0.01, **case.get("optim", {})})
-    world.meshes.clear()
+    world.dims = None
     torch.manual_seed(0)
-    policy = build_policy(model_config, manager, world, only={"lora"} if reference else None)
+    policy = build_policy(model_config, manager, world, reference=reference)
     policy.model.train()
     optimizer = build_optimizer(policy.model, optim_config,
                                 cpu_offload=model_config.optim_cpu_offload and not reference)

@@ -298,7 +298,10 @@ class PluginManager:
         are ``unavailable`` (with the first reason)."""
         self.load()
         for record in self.records.values():
-            provided = [s for ss in self.provided_by(record).values() for s in ss]
+            # Config sections and commands are not capabilities: a plugin whose capabilities
+            # all cannot run here is unavailable, whatever keys or commands it adds.
+            provided = [s for ss in self.provided_by(record).values() for s in ss
+                        if not isinstance(s, specs.ConfigSection | specs.CliCommand)]
             checked = [s for s in provided if s.checks_availability]
             if record.status == "active" and checked and len(checked) == len(provided):
                 reasons = [s.unavailable_reason() for s in checked]

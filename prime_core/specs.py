@@ -74,7 +74,7 @@ class Spec:
     available: Callable[[], str | None] | str | None = ref(None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
+        if not isinstance(self.name, str) or not (_NAME.match(self.name) or self._root_name()):
             raise ValueError(
                 f"{type(self).__name__} name {self.name!r} is invalid: use lower-case letters, "
                 "digits, '_', '-', '.' or ':'"
@@ -84,6 +84,9 @@ class Spec:
             if isinstance(value, str) and not _REF.match(value):
                 raise ValueError(f"{type(self).__name__} '{self.name}': {name} = {value!r} is not a reference "
                                  "of the form 'package.module:attribute'")
+
+    def _root_name(self) -> bool:
+        return False
 
     def __getattribute__(self, name: str) -> Any:
         value = object.__getattribute__(self, name)
@@ -113,19 +116,32 @@ class Spec:
 
 @dataclass(frozen=True, kw_only=True)
 class ConfigSection(Spec):
-    """A pydantic model a plugin adds to the config schema.
+    """A pydantic model a plugin adds to the config schema (derive it from
+    ``prime_core.config.base.Section``; ``model`` may be a lazy ``"module:Class"`` reference).
 
-    ``name`` is the dotted path where the model mounts, relative to each root in ``roots``
-    (``"slurm"``, ``"trainer.model.lora"``). With ``merge=True`` the model's fields are added
-    to the existing model at ``name`` instead (``name="trainer.model"`` adds keys such as
-    ``ep`` next to the core's own). A section whose path starts with a role name
-    (``trainer.``, ``orchestrator.``, ``inference.``) also applies to that role's standalone
-    config. Roots: ``rl`` (``prime run``), ``sft``, ``trainer``, ``orchestrator``, ``inference``.
+    - ``name`` is the dotted path where the model mounts, relative to each root in ``roots``
+      (``"slurm"``, ``"trainer.model.lora"``). Roots: ``rl`` (``prime run``), ``sft``,
+      ``trainer``, ``orchestrator``, ``inference``.
+    - A path under a role (``trainer.``, ``orchestrator.``, ``inference.``) of the ``rl`` root
+      also applies to that role's standalone config; under ``trainer.`` it applies to ``sft``
+      too when ``sft`` is in ``roots`` (an SFT config has the trainer's ``model``, ``optim``,
+      ... at its top level).
+    - ``merge=True`` adds the model's fields *and validators* to the existing section at
+      ``name`` instead (``name="trainer.model"`` adds keys such as ``ep`` next to the core's
+      own; a validator sees the whole section). ``name=""`` merges into the root config itself
+      (validators that relate several sections).
+    - ``roles``: for a top-level section, the role configs that get it too (``("trainer",
+      "orchestrator")`` for a monitor's table). In an RL config the top-level table is copied
+      into each of those roles' configs, where a role's own table wins key by key.
     """
 
-    model: type
+    model: Any = ref()
     roots: tuple[str, ...] = ("rl",)
     merge: bool = False
+    roles: tuple[str, ...] = ()
+
+    def _root_name(self) -> bool:
+        return self.name == "" and self.merge
 
     @property
     def key(self) -> str:
@@ -149,26 +165,55 @@ class ModelImpl(Spec):
     priority: int = 0  # among implementations that support a checkpoint, "auto" takes the highest
 
 
+SLOTS = ("lm_head", "adapters", "quantization", "expert_parallel", "context_parallel", "checkpointing",
+         "activation_offloading", "compile", "data_parallel")
+"""The trainer's build order: after the model implementation builds the model, the enabled
+strategy of each slot is applied in this order; then the weights are loaded (or broadcast
+from rank 0) and the optimizer is built."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ParallelStrategy(Spec):
-    """A transformation of the trained model: ``apply(model, *, mesh, config, world)``
-    returns the model, or an ``Applied`` when the strategy also decides what is published or
-    must act on the gradients before each optimizer step.
+    """One step of the trainer's build order (``SLOTS``), owned by its plugin.
 
-    The core applies strategies in its fixed build order (lora, ep, cp, ac, ac_offloading,
-    compile, fsdp) when their ``trainer.model`` key is on; ``config`` is ``trainer.model``,
-    ``world`` the ``prime_core.distributed.World`` (rank, size, device, meshes). ``mesh_dims``
-    names the device-mesh dimensions the strategy needs; the core builds the mesh and passes
-    it: ``("dp_replicate", "dp_shard")`` the data-parallel mesh, ``("cp",)`` the 1-D
-    context-parallel mesh, ``("dp_mod_ep", "ep")`` the 2-D expert mesh (see
-    ``prime_core.distributed``).
+    - ``slot``: where it runs. At most one enabled strategy per slot.
+    - ``enabled(config, world) -> bool``: whether this run uses it, decided from the
+      strategy's own keys of ``trainer.model`` (``config``) and the ``World`` (rank, size,
+      device). Called once per build, on every rank.
+    - ``apply(model, *, mesh, config, world)``: returns the model, or an ``Applied`` when the
+      strategy also decides what is published or acts on the gradients before each optimizer
+      step. Runs on every rank, in the trainer process.
+    - ``mesh_dims``: the device-mesh dimensions it needs; the core passes that mesh as
+      ``mesh`` (``None`` when empty): ``("dp_replicate", "dp_shard")`` the data-parallel mesh
+      (1-D ``("dp_shard",)`` without replicas), ``("D",)`` the 1-D mesh of a degree ``D``,
+      ``("dp_mod_D", "D")`` the 2-D mesh of ``D`` groups and their replicas.
+    - ``degrees(config) -> {dim: size}``: the mesh dimensions it adds, each a key of
+      ``trainer.model`` named like the dimension (``{"ep": config.ep}``); sizes must divide the
+      trainer processes. ``ParallelDims`` builds every mesh once from all of them.
+    - ``splits_rows``: the ranks of its last mesh dimension split each packed row's tokens
+      (context parallelism): the core hands every rank its part of every row.
+    - ``reference``: the strategy changes what the model computes (LoRA, FP8, the LM head
+      implementation), so single-process parity references apply it too.
 
-    Parameters a strategy turns into DTensors (EP's experts) are its own: data parallelism
-    leaves them alone, and the strategy reduces their gradients in ``before_step``.
+    The ``data_parallel`` slot is special in three ways: it is required with more than one
+    trainer process; when it is enabled the model is built in ``optimization_dtype`` (the
+    strategy computes in ``dtype``: mixed precision) and placed on the devices by the
+    strategy; otherwise the core moves the model to the device. Parameters an earlier
+    strategy turned into DTensors (EP's experts) are that strategy's own.
     """
 
+    slot: str
     apply: Ref = ref()
+    enabled: Ref = ref()
     mesh_dims: tuple[str, ...] = ()
+    degrees: Callable[[Any], dict[str, int]] | str | None = ref(None, compare=False)
+    splits_rows: bool = False
+    reference: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.slot not in SLOTS:
+            raise ValueError(f"ParallelStrategy '{self.name}': slot {self.slot!r} is not one of {', '.join(SLOTS)}")
 
 
 @dataclass(frozen=True)
@@ -182,6 +227,9 @@ class Applied:
     before_step: Callable[..., Any] | None = None
     """``before_step(model)``: called on every rank after the step's backward passes and
     before gradient clipping (EP: reduce expert gradients across data-parallel replicas)."""
+    param_device: str | None = None
+    """Where the strategy keeps the parameters when that is not the compute device (``"cpu"``
+    for CPU offloading): ranks that built the model on the meta device get their shards there."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,6 +8,9 @@ Fixtures:
 
 - ``plugin_manager``: a fresh ``PluginManager`` holding only the core's built-in plugin (no
   entry points loaded), installed as the process-wide manager for the test.
+- ``installed_plugins``: a manager that loads every installed plugin for real (entry points),
+  installed as the process-wide manager for the test: for tests of configs that use keys
+  or names several plugins provide.
 - ``register_plugin(obj, name=None)``: register a plugin object (a module or an instance
   with ``@hookimpl`` methods) in that manager; unregistered after the test.
 - ``fake_distribution(dist, entry_points=..., files=..., version=...)``: make an installed
@@ -50,6 +53,14 @@ def plugin_manager(monkeypatch) -> PluginManager:
     set_plugin_manager(manager)
     yield manager
     set_plugin_manager(None)
+
+
+@pytest.fixture
+def installed_plugins(plugin_manager) -> PluginManager:
+    manager = PluginManager(autoload=True, disabled=()).load()
+    set_plugin_manager(manager)
+    yield manager
+    set_plugin_manager(plugin_manager)
 
 
 @pytest.fixture

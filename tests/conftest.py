@@ -1,1 +1,2 @@
 pytest_plugins = ["prime_core.testing"]
+

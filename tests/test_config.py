@@ -46,6 +46,7 @@ def test_at_form_is_the_same_as_positional(tmp_path):
     assert load_rl(f"@{a}").max_steps == 5
 
 
+@pytest.mark.usefixtures("installed_plugins")
 def test_lists_are_replaced_not_unioned(tmp_path):
     a = write(tmp_path / "a.toml", '[trainer.model.ac]\ntargets = ["norm", "mlp"]\n')
     b = write(tmp_path / "b.toml", '[trainer.model.ac]\ntargets = ["attn_proj"]\n')
@@ -68,6 +69,7 @@ def test_nested_env_var_typo_is_refused():
     assert "trainer.optim.lrr (from environment): unknown key (did you mean 'lr'?)" in str(err.value)
 
 
+@pytest.mark.usefixtures("installed_plugins")
 def test_cli_value_forms():
     config = load_rl(
         "--trainer.model.compile",                        # bare flag turns a section on
@@ -97,6 +99,7 @@ def test_optional_section_off(tmp_path):
     assert config.inference is None
 
 
+@pytest.mark.usefixtures("installed_plugins")
 def test_all_errors_at_once_with_paths_sources_and_suggestions(tmp_path):
     a = write(tmp_path / "a.toml", '[trainer.optim]\nlrr = 1e-5\n[trainer.model]\nep = "eight"\ncp_style = "rings"\n'
                                    '[orchestator]\nbatch_size = 2\n')
@@ -118,6 +121,7 @@ def test_suggestions_inside_a_discriminated_union():
         load_rl("--deployment.type", "multi_node", "--deployment.num-train-node", "2")
 
 
+@pytest.mark.usefixtures("installed_plugins")
 def test_key_in_the_wrong_section_points_to_its_home():
     with pytest.raises(ConfigError) as err:
         load_rl("--trainer.fsdp_cpu_offload", "true")
@@ -150,11 +154,13 @@ def test_missing_model_folder_and_data_file(tmp_path):
     assert "data.path" in str(err.value) and "file not found" in str(err.value)
 
 
+@pytest.mark.usefixtures("installed_plugins")
 def test_exclusive_offloads_are_refused():
     with pytest.raises(ConfigError, match="mutually exclusive"):
         load_rl("--trainer.model.fsdp-cpu-offload", "--trainer.model.optim-cpu-offload")
 
 
+@pytest.mark.usefixtures("installed_plugins")
 @pytest.mark.parametrize(("args", "message"), [
     (["--trainer.model.impl", "hf", "--trainer.model.ep", "2"], "ep = 2 needs impl = 'custom'"),
     (["--trainer.model.impl", "hf", "--trainer.model.cp", "2", "--trainer.model.attn", "flash_attention_2"],
@@ -170,12 +176,14 @@ def test_combinations_the_docs_rule_out_are_refused(args, message):
         load_rl(*args)
 
 
+@pytest.mark.usefixtures("installed_plugins")
 def test_sft_refuses_an_integer_lm_head_chunk():
     with pytest.raises(ConfigError, match="RL-only"):
         load_rl("--model.fused-lm-head-token-chunk-size", "1024", root="sft")
     assert load_rl("--model.fused-lm-head-token-chunk-size", "auto", root="sft")
 
 
+@pytest.mark.usefixtures("installed_plugins")
 def test_lora_trainer_turns_on_lora_serving():
     config = load_rl("--trainer.model.lora.rank", "8")
     assert config.inference.lora.max_rank == 8
@@ -199,6 +207,7 @@ def test_group_size_alias():
     assert load_rl("--orchestrator.group-size", "4").orchestrator.rollouts_per_example == 4
 
 
+@pytest.mark.usefixtures("installed_plugins")
 @pytest.mark.parametrize("seed", sorted(p.name for p in SEEDS.glob("*.toml") if "slurm" not in p.name))
 def test_seed_configs_load(seed):
     root = "sft" if "sft" in seed else "rl"
@@ -206,6 +215,7 @@ def test_seed_configs_load(seed):
     assert config is not None
 
 
+@pytest.mark.usefixtures("installed_plugins")
 def test_seed_values_land_where_documented():
     tight = load_rl(SEEDS / "memory_tight.toml").trainer.model
     assert (tight.impl, tight.ep, tight.cp, tight.fused_lm_head_token_chunk_size) == ("custom", 8, 2, 1024)
@@ -238,7 +248,7 @@ def test_role_configs_round_trip(tmp_path):
 
 
 def test_plugin_section_mounts_and_validates(register_plugin):
-    from pydantic import Field
+    from pydantic import Field, model_validator
 
     from prime_core import hookimpl
     from prime_core.config.base import Section
@@ -247,45 +257,95 @@ def test_plugin_section_mounts_and_validates(register_plugin):
     class Extra(Section):
         budget: int = Field(default=1, ge=1)
 
-    class EPFields(Section):
+    class WidgetFields(Section):
         widget_degree: int = 1
+        """How many widgets."""
+
+        @model_validator(mode="after")
+        def _widget_native_only(self):
+            if self.widget_degree > 1 and self.impl == "hf":  # a merged validator sees the core's keys
+                raise ValueError("widget_degree > 1 needs impl = 'custom'")
+            return self
+
+    class WidgetTable(Section):
+        color: str = "red"
+
+    class CrossCheck(Section):
+        @model_validator(mode="after")
+        def _widget_fits_steps(self):
+            if self.trainer.model.widget_degree > (self.max_steps or 100):
+                raise ValueError("trainer.model.widget_degree must not exceed max_steps")
+            return self
 
     class Plugin:
         @hookimpl
         def prime_config_sections(self):
             return [ConfigSection(name="trainer.model.extra", model=Extra),
-                    ConfigSection(name="trainer.model", model=EPFields, merge=True)]
+                    ConfigSection(name="trainer.model", model=WidgetFields, merge=True, roots=("rl", "sft")),
+                    ConfigSection(name="widget", model=WidgetTable, roots=("rl", "sft"), roles=("trainer",)),
+                    ConfigSection(name="", model=CrossCheck, merge=True)]
 
     register_plugin(Plugin(), name="extra")
     config = load_rl("--trainer.model.extra.budget", "5", "--trainer.model.widget-degree", "3")
     assert config.trainer.model.extra.budget == 5 and config.trainer.model.widget_degree == 3
     assert config.trainer.model.impl == "auto", "the core's fields and validators survive"
+    assert type(config.trainer.model).model_fields["widget_degree"].description == "How many widgets."
     assert load_rl("--model.extra", "true", root="trainer").model.extra.budget == 1, "roles get it too"
+    assert load_rl("--model.widget-degree", "2", root="sft").model.widget_degree == 2, "SFT's model gets it too"
     with pytest.raises(ConfigError, match="trainer.model.extra.budgt .*did you mean 'budget'"):
         load_rl("--trainer.model.extra.budgt", "5")
-    with pytest.raises(ConfigError, match="mutually exclusive"):
-        load_rl("--trainer.model.fsdp-cpu-offload", "--trainer.model.optim-cpu-offload")
+    with pytest.raises(ConfigError, match="widget_degree > 1 needs impl = 'custom'"):
+        load_rl("--trainer.model.widget-degree", "2", "--trainer.model.impl", "hf")
+    with pytest.raises(ConfigError, match="must not exceed max_steps"):
+        load_rl("--trainer.model.widget-degree", "3", "--max-steps", "2")
+    # A top-level table with roles reaches those roles' configs; a role's own value wins.
+    config = load_rl("--widget.color", "blue", "--trainer.widget.color", "green")
+    assert (config.widget.color, config.trainer.widget.color) == ("blue", "green")
+    assert load_rl("--widget.color", "blue").trainer.widget.color == "blue"
+    assert load_rl("--widget.color", "blue", root="trainer").widget.color == "blue"
+    assert load_rl(root="sft").widget is None
 
 
 def test_plugin_section_clash_names_both(register_plugin):
+    from pydantic import model_validator
+
     from prime_core import hookimpl
     from prime_core.config.base import Section
     from prime_core.errors import PluginError
     from prime_core.specs import ConfigSection
 
     class Clash(Section):
-        ep: int = 1
+        dtype: str = "float16"
 
     class Plugin:
         @hookimpl
         def prime_config_sections(self):
             return [ConfigSection(name="trainer.model", model=Clash, merge=True)]
 
-    register_plugin(Plugin(), name="clashing")
-    with pytest.raises(PluginError, match="'trainer.model.ep' is defined by both prime-core and plugin 'clashing'"):
+    record = register_plugin(Plugin(), name="clashing")
+    with pytest.raises(PluginError, match="'trainer.model.dtype' is defined by both prime-core and plugin 'clashing'"):
+        load_rl()
+
+    class Shadow(Section):
+        @model_validator(mode="before")
+        @classmethod
+        def _propagate(cls, data):
+            return data
+
+    class Shadowing:
+        @hookimpl
+        def prime_config_sections(self):
+            return [ConfigSection(name="", model=Shadow, merge=True)]
+
+    from prime_core.plugins import get_plugin_manager
+
+    get_plugin_manager().unregister(record.name)
+    register_plugin(Shadowing(), name="shadowing")
+    with pytest.raises(PluginError, match="adds validator '_propagate' to 'the root config'"):
         load_rl()
 
 
+@pytest.mark.usefixtures("installed_plugins")
 def test_degrees_beyond_the_default_deployment_stop_the_run():
     from prime_core.config.checks import check
 

@@ -46,13 +46,14 @@ def test_sharded_optimizer_state_stays_off_the_gpu_between_steps(tmp_path):
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer import ckpt
     from prime_core.trainer.build import build_policy
-    from prime_core.trainer.config import OptimConfig, TrainerModelConfig
+    from prime_core.config.checks import section_model
+    from prime_core.trainer.config import OptimConfig
     from prime_core.trainer.optim import build_optimizer
 
     _model("cpu").save_pretrained(tmp_path / "m")
     world = distributed.World(device=torch.device("cuda", torch.cuda.current_device()))
     try:
-        config = TrainerModelConfig(name=str(tmp_path / "m"), impl="hf", dtype="float32")
+        config = section_model("trainer", "model")(name=str(tmp_path / "m"), impl="hf", dtype="float32")
         policy = build_policy(config, get_plugin_manager(), world)
         optimizer = build_optimizer(policy.model, OptimConfig(lr=1e-3), cpu_offload=True)
         ids = torch.randint(0, 1000, (1, 64), device="cuda")
@@ -77,13 +78,13 @@ def test_sharded_optimizer_state_stays_off_the_gpu_between_steps(tmp_path):
 def test_activation_offloading_copies_to_pinned_memory_and_keeps_gradients():
     import torch
 
-    from prime_core.trainer.config import TrainerModelConfig
+    from prime_core.config.checks import section_model
     from prime_plugin_ac import offloading
 
     ids = torch.randint(0, 1000, (1, 2048), device="cuda")
     plain = _model("cuda")
     plain(ids, labels=ids).loss.backward()
-    model = offloading.apply(_model("cuda"), config=TrainerModelConfig(ac_offloading={"max_inflight_activations": 2}))
+    model = offloading.apply(_model("cuda"), config=section_model("trainer", "model")(ac_offloading={"max_inflight_activations": 2}))
     offloader = model.model.layers[0]._offloader
     packed = []
     pack = offloader.pack

@@ -95,8 +95,9 @@ def test_reward_rises_policy_lag_is_bounded_and_weights_reach_inference(warm_mod
 
     bound = json.loads((out / "configs" / "orchestrator.json").read_text())["max_off_policy_steps"]
     for r in trainer:
-        lags = [(r["step"] - 1) - v for v in r["policy_versions"]]
-        assert 0 <= max(lags) <= bound, f"step {r['step']} trained on policies {r['policy_versions']}"
+        versions = (r["policy_version_min"], r["policy_version_max"])
+        assert 0 <= (r["step"] - 1) - versions[0] <= bound, f"step {r['step']} trained on policies {versions}"
+        assert versions[1] <= r["step"] - 1, f"step {r['step']} trained on policies {versions}"
     assert max(r["off_policy_max"] for r in orchestrator) <= bound
 
     versions = [r["weights_version"] for r in orchestrator]

@@ -87,14 +87,15 @@ def test_sft_on_two_processes_logs_per_rank_and_resumes_on_one(tiny, tmp_path):
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer import ckpt
     from prime_core.trainer.build import build_policy, full_state_dict
-    from prime_core.trainer.config import OptimConfig, TrainerModelConfig
+    from prime_core.config.checks import section_model
+    from prime_core.trainer.config import OptimConfig
     from prime_core.trainer.optim import build_optimizer
 
     from prime_core.distributed import shutdown
 
     world = World(device=torch.device("cpu"))
     try:
-        policy = build_policy(TrainerModelConfig(name=str(tiny), impl="hf", dtype="float32"),
+        policy = build_policy(section_model("trainer", "model")(name=str(tiny), impl="hf", dtype="float32"),
                               get_plugin_manager(), world)
         assert policy.applied == []  # one float32 process: FSDP would have nothing to do
         optimizer = build_optimizer(policy.model, OptimConfig())

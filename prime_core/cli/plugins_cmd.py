@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from prime_core.plugins import REGISTRIES, PluginManager, get_plugin_manager
+from prime_core.specs import ConfigSection
 
 _NOUN_BY_HOOK = {reg.hook: kind for kind, reg in REGISTRIES.items()}
 
@@ -19,7 +20,7 @@ def describe(manager: PluginManager) -> list[dict]:
         provides = {}
         for hook, specs in manager.provided_by(record).items():
             provides[_NOUN_BY_HOOK[hook]] = [
-                {"name": s.key, "unavailable": s.unavailable_reason()} for s in specs
+                {"name": _label(s), "unavailable": s.unavailable_reason()} for s in specs
             ]
         hooks = sorted(
             hc.name for hc in (manager.pm.get_hookcallers(record.plugin) or [])
@@ -34,6 +35,14 @@ def describe(manager: PluginManager) -> list[dict]:
             "hooks": hooks,
         })
     return rows
+
+
+def _label(spec) -> str:
+    """What a user recognises a spec by: its name, or for keys merged into a section, the keys."""
+    if isinstance(spec, ConfigSection) and spec.merge:
+        where = f"{spec.name}." if spec.name else ""
+        return ", ".join(f"{where}{key}" for key in spec.model.model_fields) or f"{spec.name or 'root'} checks"
+    return spec.key
 
 
 def _provides_text(provides: dict) -> str:

@@ -47,18 +47,24 @@ class Selects:
     prefix: str = ""
     skip: tuple[str, ...] = ()
     when: Callable[[Any], bool] | None = None
+    each: bool = False
+    """The field is a list; every item names an entry."""
+    mapping: bool = False
+    """The field is a dict ``{op: name}``; every item names the entry ``op:name``."""
 
 
 @dataclass(frozen=True)
 class Requires:
     """Marks a field that, when turned on, needs a plugin capability by name:
-    ``ep: Annotated[int, Requires("parallel_strategies", "ep", when=lambda m: m.ep > 1)]``.
+    ``degree: Annotated[int, Requires("parallel_strategies", "widget", when=lambda m: m.degree > 1)]``.
     Without ``when`` the field needs it whenever it is set (not ``None``/``False``). A name
-    ending in ``*`` accepts any entry with that prefix (``fp8_linear:*``)."""
+    ending in ``*`` accepts any entry with that prefix (``fp8_linear:*``); ``slot`` instead of a
+    name asks for any parallel strategy of that build-order slot."""
 
     registry: str
-    name: str
+    name: str = ""
     when: Callable[[Any], bool] | None = None
+    slot: str | None = None
 
 
 def _existing_file(path: Path) -> Path:

@@ -26,6 +26,17 @@ def schema_for(root: str, manager: PluginManager | None = None) -> type[BaseMode
     return cache[root]
 
 
+def section_model(root: str, path: str, manager: PluginManager | None = None) -> type[BaseModel]:
+    """The model at dotted ``path`` of ``root``'s schema, with every active plugin's keys
+    (``section_model("trainer", "model")``: ``trainer.model`` as plugins extend it)."""
+    from prime_core.config.schema import model_at
+
+    model = model_at(schema_for(root, manager), tuple(path.split(".")))
+    if model is None:
+        raise KeyError(f"{root} config has no section '{path}'")
+    return model
+
+
 def _used(marker: Selects | Requires, section: BaseModel, value: Any) -> bool:
     if marker.when is not None:
         return bool(marker.when(section))
@@ -48,18 +59,35 @@ def _walk(model: BaseModel, prefix: str = ""):
                     yield from _walk(item, f"{key}[{i}].")
 
 
+def _check_select(manager: PluginManager, key: str, value: Any, marker: Selects) -> list[str]:
+    if marker.each:
+        items = [(f"{key}[{i}]", f"{marker.prefix}{item}", item) for i, item in enumerate(value)]
+    elif marker.mapping:
+        items = [(f"{key}.{op}", f"{op}:{name}", name) for op, name in value.items()]
+    else:
+        items = [(key, f"{marker.prefix}{value}", value)]
+    problems = []
+    for where, name, shown in items:
+        if shown in marker.skip:
+            continue
+        try:
+            manager.select(marker.registry, name, key=where, shown=str(shown))
+        except PluginError as exc:
+            problems.append(str(exc))
+    return problems
+
+
 def _check_one(manager: PluginManager, key: str, value: Any, marker: Selects | Requires) -> str | None:
     if isinstance(marker, Selects):
-        if value in marker.skip:
-            return None
-        try:
-            manager.select(marker.registry, f"{marker.prefix}{value}", key=key, shown=str(value))
-        except PluginError as exc:
-            return str(exc)
-        return None
+        return "; ".join(_check_select(manager, key, value, marker)) or None
     entries = manager.registry(marker.registry)
     noun = REGISTRIES[marker.registry].noun
     setting = f"[{key}]" if isinstance(value, BaseModel) else f"{key} = {value!r}"  # a table: just "is on"
+    if marker.slot is not None:
+        usable = [k for k, p in entries.items()
+                  if getattr(p.spec, "slot", None) == marker.slot and p.spec.unavailable_reason() is None]
+        return None if usable else (f"{setting} needs a {noun} in the '{marker.slot}' slot of the build order, "
+                                    "which no installed plugin provides (`prime plugins list`)")
     if marker.name.endswith("*"):
         matches = [k for k in entries if k.startswith(marker.name[:-1])]
         if any(entries[k].spec.unavailable_reason() is None for k in matches):
@@ -107,25 +135,19 @@ def check(config: BaseModel, root: str, manager: PluginManager | None = None) ->
             known = {r.name: r for r in manager.status()}
             why = f": {known[name].status}, {known[name].reason}" if name in known else " (not installed)"
             problems.append(f"required_plugins: plugin '{name}' is not active{why}{did_you_mean(name, active)}")
-    problems.extend(_degree_problems(config, root))
+    problems.extend(_degree_problems(config, root, manager))
     problems.extend(_plugin_validators(config, root, manager))
     return problems
 
 
-def _degree_problems(config: BaseModel, root: str) -> list[str]:
-    """Parallel degrees against the trainer processes the deployment starts (a config that
-    names its deployment is refused at load time already; this catches the default one)."""
-    from prime_core.launch.config import check_degrees
+def _degree_problems(config: BaseModel, root: str, manager: PluginManager) -> list[str]:
+    """Parallel degrees against the default deployment (one process); a config that names its
+    deployment is checked when it is loaded."""
+    from prime_core.launch.config import degree_problems
 
-    model = {"rl": lambda: config.trainer.model, "sft": lambda: config.model}.get(root)
-    if model is None or "deployment" in config.model_fields_set:
+    if "deployment" in config.model_fields_set:
         return []
-    try:
-        check_degrees(model(), config.deployment, "trainer.model" if root == "rl" else "model",
-                      where="the default deployment: one process")
-    except ValueError as exc:
-        return [str(exc)]
-    return []
+    return degree_problems(config, root, manager, where="the default deployment: one process")
 
 
 def _plugin_validators(config: BaseModel, root: str, manager: PluginManager) -> list[str]:

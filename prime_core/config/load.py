@@ -189,7 +189,17 @@ def load(root: str, args: ParsedArgs, *, manager=None, environ: Mapping[str, str
     """Load and validate a config for ``root``; returns it and any ignored env var names."""
     from prime_core.config.checks import schema_for
 
+    from prime_core.launch.config import degree_problems
+    from prime_core.plugins import get_plugin_manager
+
+    manager = manager or get_plugin_manager()
     schema = schema_for(root, manager)
     data, provenance, ignored = gather(args, schema, environ)
     sources = ", ".join(str(p) for _, p in args.files) or None
-    return validate(schema, data, provenance, source=sources), ignored
+    config = validate(schema, data, provenance, source=sources)
+    # A knobs-only file (the seeds' snippets) is checked against a deployment once it has one.
+    if "deployment" in config.model_fields_set:
+        problems = degree_problems(config, root, manager)
+        if problems:
+            raise ConfigError(problems, source=sources)
+    return config, ignored

@@ -1,30 +1,24 @@
 """The root config of ``prime run``: the three roles plus keys shared between them.
 
 Shared keys set at the top (``model``, ``seq_len``, ``max_steps``, ``output_dir``, ``ckpt``,
-``wandb``, ``weight_broadcast``, ``log``) are copied into each role that uses them, unless
-the role sets its own value, so ``configs/trainer.json`` written by ``--dry-run`` is complete
-on its own.
+``monitors``, ``weight_broadcast``, ``log``, and the top-level tables plugins declare with
+``ConfigSection.roles``) are copied into each role that uses them, unless the role sets its
+own value, so ``configs/trainer.json`` written by ``--dry-run`` is complete on its own.
 """
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from prime_core.config.base import Section, Toggle
-from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, WandbSection, WeightBroadcastConfig
-from prime_core.inference.config import InferenceConfig
 from prime_core.bench import BenchConfig
-from prime_core.launch.config import (
-    Deployment,
-    SingleNodeDeployment,
-    check_degrees,
-    fsdp_replicas,
-    infer_deployment_type,
-)
+from prime_core.config.base import Section, Toggle
+from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, Monitors, WeightBroadcastConfig
+from prime_core.inference.config import InferenceConfig
+from prime_core.launch.config import Deployment, SingleNodeDeployment, infer_deployment_type
 from prime_core.orchestrator.config import OrchestratorConfig
 from prime_core.trainer.config import TrainerConfig
 
@@ -38,7 +32,7 @@ SHARED_KEYS: dict[str, tuple[str, ...]] = {
     "seq_len": ("trainer", "orchestrator"),
     "max_steps": ("trainer", "orchestrator"),
     "ckpt": ("trainer", "orchestrator"),
-    "wandb": ("trainer", "orchestrator"),
+    "monitors": ("trainer", "orchestrator"),
     "weight_broadcast": ("trainer", "orchestrator"),
     "resume": ("trainer", "orchestrator"),
     "bench": ("trainer",),
@@ -48,7 +42,6 @@ SHARED_KEYS: dict[str, tuple[str, ...]] = {
 LEGACY_DEPLOYMENT_KEYS = ("num_train_nodes", "num_infer_nodes", "gpus_per_node", "nodes_per_fsdp_group")
 # The older docs' single-node `--trainer-gpu-ids 6,7 --inference-gpu-ids 0,1,2,3,4,5`.
 LEGACY_GPU_ID_KEYS = ("trainer_gpu_ids", "inference_gpu_ids")
-LEGACY_SLURM_KEYS = ("job_name", "project_dir", "template_path", "partition", "account", "time")
 
 
 def _merge(base: Any, top: Any) -> Any:
@@ -70,7 +63,8 @@ class RLConfig(Section):
     seq_len: int | None = Field(default=None, ge=1)
     max_steps: int | None = Field(default=None, ge=1)
     ckpt: CkptConfig | None = None
-    wandb: WandbSection = None
+    monitors: Monitors | None = None
+    """Metric sinks for every role (``["jsonl", ...]``); ``jsonl`` is always written."""
     weight_broadcast: WeightBroadcastConfig | None = None
     log: LogConfig | None = None
 
@@ -96,13 +90,8 @@ class RLConfig(Section):
     required_plugins: list[str] = Field(default_factory=list)
     """Plugin names that must be installed and active, e.g. ``["deepep"]``."""
 
-    @model_validator(mode="after")
-    def _degrees_fit(self) -> RLConfig:
-        if "deployment" not in self.model_fields_set:
-            return self  # a knobs-only file (the seeds' snippets) is merged with a deployment later
-        fsdp_replicas(self.deployment, self.trainer.model)
-        check_degrees(self.trainer.model, self.deployment, "trainer.model")
-        return self
+    shared_keys: ClassVar[dict[str, tuple[str, ...]]] = SHARED_KEYS
+    """Top-level keys copied into the roles (plugins' sections with ``roles`` add theirs)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -110,8 +99,8 @@ class RLConfig(Section):
         if not isinstance(data, dict):
             return data
         data = copy.deepcopy(data)
-        _move_legacy_keys(data, has_slurm="slurm" in cls.model_fields)
-        for key, roles in SHARED_KEYS.items():
+        _move_legacy_keys(data)
+        for key, roles in cls.shared_keys.items():
             if data.get(key) is None:
                 continue
             for role in roles:
@@ -129,11 +118,10 @@ class RLConfig(Section):
                     section.setdefault(key, value)
                 data[role] = section
         _point_client_at_server(data)
-        _serve_lora(data)
         return data
 
 
-def _move_legacy_keys(data: dict, *, has_slurm: bool) -> None:
+def _move_legacy_keys(data: dict) -> None:
     ids = {k: data.pop(k) for k in LEGACY_GPU_ID_KEYS if k in data}
     if ids and isinstance(data.setdefault("deployment", {}), dict):
         for k, v in ids.items():
@@ -145,25 +133,6 @@ def _move_legacy_keys(data: dict, *, has_slurm: bool) -> None:
             deployment.setdefault("type", "multi_node")
             for k, v in legacy.items():
                 deployment.setdefault(k, v)
-    if has_slurm:
-        legacy = {k: data.pop(k) for k in LEGACY_SLURM_KEYS if k in data}
-        if legacy:
-            slurm = data.get("slurm") if isinstance(data.get("slurm"), dict) else {}
-            data["slurm"] = {**legacy, **slurm}
-
-
-def _serve_lora(data: dict) -> None:
-    """A LoRA trainer publishes adapters: the server this run starts must accept them."""
-    trainer, inference = data.get("trainer"), data.get("inference", {})
-    model = trainer.get("model") if isinstance(trainer, dict) else None
-    lora = model.get("lora") if isinstance(model, dict) else None
-    if lora is None or lora is False or inference is None or inference is False:
-        return
-    inference = {} if inference is True else inference
-    if isinstance(inference, dict) and inference.get("lora") is None:
-        rank = lora.get("rank", 16) if isinstance(lora, dict) else 16
-        inference["lora"] = {"max_rank": rank}
-        data["inference"] = inference
 
 
 def _point_client_at_server(data: dict) -> None:

@@ -36,14 +36,19 @@ BASE_ROOTS: dict[str, type[BaseModel]] = {
 
 
 def sections_for(root: str, sections: list[tuple[ConfigSection, str]]) -> list[tuple[str, ConfigSection, str]]:
-    """(path relative to ``root``, section, provider) for every section that applies to ``root``."""
+    """(path relative to ``root``, section, provider) for every place a section mounts in ``root``."""
     out = []
     for section, provider in sections:
+        name = section.name
         if root in section.roots:
-            out.append((section.name, section, provider))
-        elif root in ROLES and "rl" in section.roots and section.name.startswith(f"{root}."):
-            out.append((section.name[len(root) + 1 :], section, provider))
-    return sorted(out, key=lambda t: t[0])
+            out.append((name.removeprefix("trainer.") if root == "sft" else name, section, provider))
+        elif root in ROLES and "rl" in section.roots and name.startswith(f"{root}."):
+            out.append((name[len(root) + 1:], section, provider))
+        elif root in section.roles:
+            out.append((name, section, provider))
+        if root == "rl" and "rl" in section.roots:
+            out.extend((f"{role}.{name}", section, provider) for role in section.roles)
+    return sorted(out, key=lambda t: (t[0].count("."), t[0]))
 
 
 def build_schema(root: str, sections: list[tuple[ConfigSection, str]]) -> type[BaseModel]:
@@ -51,8 +56,40 @@ def build_schema(root: str, sections: list[tuple[ConfigSection, str]]) -> type[B
     cls = BASE_ROOTS[root]
     owners: dict[str, str] = {}
     for path, section, provider in sections_for(root, sections):
+        if not path:  # merged into the root itself
+            cls = _merge(cls, "", section, provider, owners)
+            continue
         cls = _mount(cls, path.split("."), section, provider, owners, prefix="")
+        if root == "rl" and "." not in path and section.roles:
+            cls.shared_keys = {**cls.shared_keys, path: tuple(section.roles)}
     return cls
+
+
+def _merge(target: type[BaseModel], here: str, section: ConfigSection, provider: str,
+           owners: dict[str, str]) -> type[BaseModel]:
+    """``target`` extended with the section's fields and validators (it inherits from both)."""
+    ours = _validator_names(section.model)
+    clash = sorted(ours & _validator_names(target))
+    if clash:
+        # Validators are methods: one of the same name would silently replace the other.
+        raise PluginError(f"plugin '{provider}' adds validator {clash[0]!r} to '{here or 'the root config'}', "
+                          "which already has one of that name: give it a name of its own (e.g. prefixed with "
+                          "the plugin's name)")
+    fields = {}
+    for name, info in section.model.model_fields.items():
+        key = f"{here}.{name}" if here else name
+        if name in target.model_fields:
+            owner = owners.get(key, "prime-core")
+            raise PluginError(f"config key '{key}' is defined by both {owner} and plugin '{provider}'")
+        owners[key] = f"plugin '{provider}'"
+        fields[name] = (info.annotation, copy.copy(info))  # keeps each key's docstring
+    return create_model(target.__name__, __base__=(target, section.model), __doc__=target.__doc__,
+                        __module__=target.__module__, **fields)
+
+
+def _validator_names(model: type[BaseModel]) -> set[str]:
+    decorators = model.__pydantic_decorators__
+    return {name for kind in ("model_validators", "field_validators") for name in getattr(decorators, kind)}
 
 
 def _mount(cls: type[BaseModel], parts: list[str], section: ConfigSection, provider: str,
@@ -60,18 +97,8 @@ def _mount(cls: type[BaseModel], parts: list[str], section: ConfigSection, provi
     head, rest = parts[0], parts[1:]
     here = f"{prefix}{head}"
     if section.merge and not rest:
-        # Add the section's fields to the model at `head`.
         target = _model_in(cls, head, here, provider)
-        fields = {}
-        for name, info in section.model.model_fields.items():
-            key = f"{here}.{name}"
-            if name in target.model_fields:
-                owner = owners.get(key, "prime-core")
-                raise PluginError(f"config key '{key}' is defined by both {owner} and plugin '{provider}'")
-            owners[key] = f"plugin '{provider}'"
-            fields[name] = (info.annotation, copy.copy(info))
-        extended = create_model(target.__name__, __base__=target, __doc__=target.__doc__, **fields)
-        return _replace_field(cls, head, target, extended)
+        return _replace_field(cls, head, target, _merge(target, here, section, provider, owners))
     if not rest:
         if head in cls.model_fields:
             owner = owners.get(here, "prime-core")

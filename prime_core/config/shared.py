@@ -42,17 +42,10 @@ class CkptConfig(Section):
     """Keep only the newest N checkpoints."""
 
 
-class WandbConfig(Section):
-    """Weights & Biases logging; trainer and orchestrator log to one run."""
-
-    project: str = "prime"
-    name: str | None = None
-    entity: str | None = None
-    offline: bool = False
-
-
-# Optional W&B logging: turning it on needs a plugin that provides the `wandb` monitor.
-WandbSection = Annotated[WandbConfig | None, Requires("monitors", "wandb")]
+Monitors = Annotated[list[str], Selects("monitors", each=True)]
+"""Metric sinks by name (``prime plugins list``). ``jsonl`` (``metrics.jsonl``) is always
+written: the run's progress display and ``--resume`` read it. A monitor whose plugin adds a
+config table (``[NAME]``) is also selected by that table being present."""
 
 
 class WeightBroadcastConfig(Section):
@@ -64,3 +57,14 @@ class WeightBroadcastConfig(Section):
 
 class LogConfig(Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+def model_section(config, root: str):
+    """``(the trained model's section, its dotted key)`` of a config of ``root``: ``trainer.model``
+    in an RL config, ``model`` in a trainer or SFT config; ``(None, "")`` for other roots."""
+    if root == "rl":
+        trainer = getattr(config, "trainer", None)
+        return getattr(trainer, "model", None), "trainer.model"
+    if root in ("trainer", "sft"):
+        return getattr(config, "model", None), "model"
+    return None, ""

@@ -110,24 +110,6 @@ InferenceDeployment = Annotated[
 ]
 
 
-def fsdp_replicas(deployment, model, prefix: str = "trainer.model") -> None:
-    """``nodes_per_fsdp_group`` sets ``<prefix>.dp_replicate``: the train nodes form
-    ``num_train_nodes / nodes_per_fsdp_group`` FSDP islands (HSDP replicas), each sharding
-    the model over its own nodes' GPUs. An explicit ``dp_replicate`` that disagrees is refused."""
-    group = getattr(deployment, "nodes_per_fsdp_group", None)
-    if deployment.type != "multi_node" or group is None:
-        return
-    nodes = deployment.num_train_nodes
-    if nodes % group:
-        raise ValueError(f"deployment.nodes_per_fsdp_group = {group} does not divide deployment.num_train_nodes = "
-                         f"{nodes}: choose a divisor of the train nodes")
-    replicas = nodes // group
-    if "dp_replicate" in model.model_fields_set and model.dp_replicate not in (1, replicas):
-        raise ValueError(f"{prefix}.dp_replicate = {model.dp_replicate} but deployment.nodes_per_fsdp_group = {group} "
-                         f"of {nodes} train nodes means {replicas} replicas: set one of them, not both")
-    object.__setattr__(model, "dp_replicate", replicas)
-
-
 def trainer_processes(deployment) -> tuple[int, str]:
     """How many trainer processes a deployment starts (RL or SFT), and the keys that say so."""
     if deployment.type == "single_node":
@@ -137,12 +119,27 @@ def trainer_processes(deployment) -> tuple[int, str]:
     return getattr(deployment, key) * deployment.gpus_per_node, f"deployment.{key} × gpus_per_node"
 
 
-def check_degrees(model, deployment, prefix: str, *, where: str | None = None) -> None:
-    """Refuse parallel degrees (``prefix``: ``trainer.model`` or ``model``) that do not divide
-    the trainer processes ``deployment`` starts."""
+def declared_degrees(model_config, manager) -> dict[str, int]:
+    """The parallel degrees above 1 that the installed strategies read from ``model_config``
+    (``ParallelStrategy.degrees``), by mesh dimension."""
+    degrees: dict[str, int] = {}
+    for provided in manager.registry("parallel_strategies").values():
+        spec = provided.spec
+        if spec.degrees is not None:
+            degrees.update({dim: size for dim, size in spec.degrees(model_config).items() if size > 1})
+    return degrees
+
+
+def degree_problems(config, root: str, manager, *, where: str | None = None) -> list[str]:
+    """Parallel degrees that do not divide the trainer processes the deployment starts."""
+    from prime_core.config.shared import model_section
+    from prime_core.distributed import ParallelDims
+
+    model, prefix = model_section(config, root)
+    deployment = getattr(config, "deployment", None)
+    if model is None or deployment is None:
+        return []
     processes, keys = trainer_processes(deployment)
-    problems = [f"{prefix}.{key} = {degree} does not divide the {processes} trainer processes ({where or keys})"
-                for key, degree in (("dp_replicate", model.dp_replicate), ("cp", model.cp), ("ep", model.ep))
-                if degree > 1 and processes % degree]
-    if problems:
-        raise ValueError("; ".join(problems) + ": change the degree or the number of GPUs")
+    dims = ParallelDims(processes, declared_degrees(model, manager))
+    return [f"{problem}: change the degree or the number of GPUs"
+            for problem in dims.problems(prefix, f"{processes} trainer processes ({where or keys})")]

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, Field, model_validator
 
 from prime_core.config.base import Section, Selects
-from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, WandbSection, WeightBroadcastConfig
+from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, Monitors, WeightBroadcastConfig
 
 
 class ClientConfig(Section):
@@ -82,7 +82,8 @@ class OrchestratorConfig(Section):
     seed: int = 0
     ckpt: CkptConfig = Field(default_factory=CkptConfig)
     weight_broadcast: WeightBroadcastConfig = Field(default_factory=WeightBroadcastConfig)
-    wandb: WandbSection = None
+    monitors: Monitors = Field(default_factory=lambda: ["jsonl"])
+    """Metric sinks (``prime plugins list``); ``jsonl`` is always written."""
     log: LogConfig = Field(default_factory=LogConfig)
 
     @model_validator(mode="after")

@@ -9,8 +9,8 @@ from pydantic import Field, model_validator
 
 from prime_core.bench import BenchConfig
 from prime_core.config.base import ExistingFile, Section, Toggle
-from prime_core.config.shared import CkptConfig, LogConfig, WandbSection
-from prime_core.launch.config import SFTDeployment, SFTSingleNodeDeployment, check_degrees, infer_deployment_type
+from prime_core.config.shared import CkptConfig, LogConfig, Monitors
+from prime_core.launch.config import SFTDeployment, SFTSingleNodeDeployment, infer_deployment_type
 from prime_core.trainer.config import OptimConfig, SchedulerConfig, TrainerModelConfig
 
 
@@ -45,7 +45,8 @@ class SFTConfig(Section):
     max_steps: int | None = Field(default=None, ge=1)
     seq_len: int = Field(default=2048, ge=1)
     deployment: Annotated[SFTDeployment, infer_deployment_type] = Field(default_factory=SFTSingleNodeDeployment)
-    wandb: WandbSection = None
+    monitors: Monitors = Field(default_factory=lambda: ["jsonl"])
+    """Metric sinks (``prime plugins list``); ``jsonl`` is always written."""
     log: LogConfig = Field(default_factory=LogConfig)
     dry_run: bool = False
     """Write the resolved config and the launch plan, start nothing."""
@@ -56,17 +57,3 @@ class SFTConfig(Section):
 
     bench: Toggle[BenchConfig] = None
     """``--bench``: time a few steps on fake data and print step time, tokens/s, MFU and memory."""
-
-    @model_validator(mode="after")
-    def _degrees_fit(self) -> SFTConfig:
-        if "deployment" not in self.model_fields_set:
-            return self  # a knobs-only file is merged with a deployment later
-        check_degrees(self.model, self.deployment, "model")
-        return self
-
-    @model_validator(mode="after")
-    def _rl_only_keys(self) -> SFTConfig:
-        if isinstance(self.model.fused_lm_head_token_chunk_size, int):
-            raise ValueError(f"model.fused_lm_head_token_chunk_size = {self.model.fused_lm_head_token_chunk_size}: "
-                             "the chunked LM head is RL-only; SFT accepts 'auto' or 'disabled'")
-        return self

@@ -1,13 +1,13 @@
-"""The trainer's fixed build order, owned by the core (DESIGN.md):
+"""The trainer's fixed build order, owned by the core (DESIGN.md): the model implementation
+builds the model, then the enabled strategy of each slot of ``prime_core.specs.SLOTS`` is
+applied in order (LM head → adapters → quantization → expert parallel → context parallel →
+checkpointing → activation offloading → compile → data parallel), then the weights are loaded
+(or broadcast from rank 0) and the optimizer is built (``start_training``).
 
-model impl → LoRA → expert parallel → context parallel → activation checkpointing →
-activation offloading → compile → FSDP2 → optimizer (state on CPU if asked).
-
-Each step past the model is a ``ParallelStrategy`` selected by name from the registry when
-its config key is on. ``fsdp`` is the data-parallel strategy: required with more than one
-trainer process, and applied to one process where it has work there (fp32 master weights
-under bf16 compute, or CPU offload). One process computing in its master dtype skips it: FSDP
-would only copy every weight and gradient once more per step.
+The core knows slots, not strategies: each ``ParallelStrategy`` says which slot it fills and
+whether this run enables it, from its own keys of ``trainer.model``. The ``data_parallel``
+slot is required with more than one trainer process; when it is enabled the model is built
+in ``optimization_dtype`` and the strategy computes in ``dtype`` (mixed precision).
 """
 
 from __future__ import annotations
@@ -16,13 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prime_core.errors import PluginError
-from prime_core.specs import Applied
-from prime_core.trainer.model import attach_lm_head, resolve_impl
+from prime_core.specs import SLOTS, Applied, ParallelStrategy
+from prime_core.trainer.model import resolve_impl
 
-ORDER = ("lora", "ep", "cp", "ac", "ac_offloading", "compile", "fsdp")
-KEYS = {"lora": "trainer.model.lora", "ep": "trainer.model.ep", "cp": "trainer.model.cp",
-        "ac": "trainer.model.ac", "ac_offloading": "trainer.model.ac_offloading",
-        "compile": "trainer.model.compile", "fsdp": "trainer.model"}
+DATA_PARALLEL = "data_parallel"
 
 
 @dataclass
@@ -36,48 +33,76 @@ class Policy:
     ``Adapter``), set by the strategy that returned it."""
     before_step: list = field(default_factory=list)
     """``hook(model)`` calls before each gradient clipping and optimizer step (``Applied``)."""
+    param_device: str | None = None
+    """Where a strategy keeps the parameters when not on the compute device (``Applied``)."""
 
 
-def requested(model_config) -> list[str]:
-    """Strategies the config turns on, in build order (``fsdp`` decided separately)."""
-    on = {"lora": model_config.lora is not None, "ep": model_config.ep > 1, "cp": model_config.cp > 1,
-          "ac": model_config.ac is not None, "ac_offloading": model_config.ac_offloading is not None,
-          "compile": model_config.compile is not None}
-    return [name for name in ORDER if on.get(name)]
+def enabled_strategies(model_config, manager, world, *, reference: bool = False) -> list[ParallelStrategy]:
+    """The strategies this run applies, in build order; ``reference`` keeps only those that
+    change what the model computes (parity references)."""
+    by_slot: dict[str, list[ParallelStrategy]] = {}
+    for provided in manager.registry("parallel_strategies").values():
+        spec = provided.spec
+        if reference and not spec.reference:
+            continue
+        if spec.enabled(model_config, world):
+            by_slot.setdefault(spec.slot, []).append(spec)
+    chosen = []
+    for slot in SLOTS:
+        specs = by_slot.get(slot, [])
+        if len(specs) > 1:
+            raise PluginError(f"the '{slot}' slot of the build order has {len(specs)} enabled strategies "
+                              f"({', '.join(s.name for s in specs)}); turn all but one of them off")
+        if specs:
+            reason = specs[0].unavailable_reason()
+            if reason:
+                raise PluginError(f"the parallel strategy '{specs[0].name}' is turned on but cannot run here: {reason}")
+            chosen.append(specs[0])
+    if world.size > 1 and not reference and not any(s.slot == DATA_PARALLEL for s in chosen):
+        raise PluginError(
+            f"{world.size} trainer processes need a data-parallel strategy (the '{DATA_PARALLEL}' slot of the "
+            "build order), and no installed plugin enables one",
+            hint="install a data-parallel strategy plugin (`prime plugins list` shows what is installed), or run "
+                 "one trainer process")
+    return chosen
 
 
-def build_policy(model_config, manager, world, *, only: set[str] | None = None) -> Policy:
-    """Build the policy, apply the strategies in order, and place it on ``world.device``.
+def parallel_dims(model_config, strategies: list[ParallelStrategy], world):
+    """``ParallelDims`` from the degrees the strategies declare."""
+    from prime_core.distributed import ParallelDims
+
+    degrees: dict[str, int] = {}
+    row_dim = None
+    for spec in strategies:
+        declared = spec.degrees(model_config) if spec.degrees is not None else {}
+        degrees.update({dim: size for dim, size in declared.items() if size > 1})
+        if spec.splits_rows and spec.mesh_dims:
+            row_dim = spec.mesh_dims[-1]
+    return ParallelDims(world.size, degrees, row_dim=row_dim)
+
+
+def build_policy(model_config, manager, world, *, reference: bool = False) -> Policy:
+    """Build the policy, apply the enabled strategies in order, and place it on ``world.device``.
 
     With several processes only rank 0 loads the weights (on CPU); the others build the same
     model on the meta device, and after sharding every rank receives its shards from rank 0
     (``broadcast_from_rank0``), so the host holds one full copy, not one per process.
 
-    ``only`` limits the strategies to those named (parity tests build their single-process
-    reference with ``only={"lora"}``: the model without the numerically transparent ones)."""
-    from prime_core import distributed
+    ``reference`` builds the single-process parity reference: only the strategies that change
+    what the model computes (``ParallelStrategy.reference``), no mesh."""
     from prime_core.hub import loading
 
-    strategies = manager.registry("parallel_strategies")
-    names = [n for n in requested(model_config) if only is None or n in only]
-    fsdp_has_work = (world.size > 1 or model_config.optimization_dtype != model_config.dtype
-                     or model_config.fsdp_cpu_offload)
-    use_fsdp = ("fsdp" in strategies and strategies["fsdp"].spec.unavailable_reason() is None
-                and (only is None or "fsdp" in only) and fsdp_has_work)
-    if world.size > 1 and not use_fsdp:
-        raise PluginError(
-            f"{world.size} trainer processes need a data-parallel strategy, and the 'fsdp' parallel "
-            "strategy is not installed",
-            hint="pip install prime-plugin-fsdp (or run one trainer process)",
-        )
+    strategies = enabled_strategies(model_config, manager, world, reference=reference)
+    data_parallel = any(s.slot == DATA_PARALLEL for s in strategies)
+    world.dims = parallel_dims(model_config, strategies, world)
+    world.dims.build(world, [s.mesh_dims for s in strategies])
     impl = resolve_impl(model_config, manager)
-    # FSDP keeps master weights in optimization_dtype and computes in dtype; without it the
-    # parameters are simply held in dtype.
-    build_dtype = model_config.optimization_dtype if use_fsdp else model_config.dtype
+    # The data-parallel strategy keeps master weights in optimization_dtype and computes in
+    # dtype; without it the parameters are simply held in dtype.
+    build_dtype = model_config.optimization_dtype if data_parallel else model_config.dtype
     meta = world.size > 1 and not world.main
     with loading(model_config.name, "model.name"):
         model = impl.build(model_config.model_copy(update={"dtype": build_dtype}), device="meta" if meta else "cpu")
-    attach_lm_head(model, model_config, manager)
     policy = Policy(model=model, impl=impl.name, hf_config=getattr(model, "config", None))
     if policy.hf_config is not None:
         policy.hf_config.dtype = model_config.dtype  # what published checkpoints hold
@@ -85,43 +110,27 @@ def build_policy(model_config, manager, world, *, only: set[str] | None = None) 
     # experts on each rank); every rank gets its part from them once the model is sharded.
     original = model.state_dict() if world.size > 1 and world.main else None
     full = None
-    for name in names + (["fsdp"] if use_fsdp else []):
-        if name != "lora":
-            _quantize(policy, model_config, manager)
-        if name == "fsdp" and original is not None:
+    for spec in strategies:
+        if spec.slot == DATA_PARALLEL and original is not None:
             from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
             # LoRA renames the layers it wraps; what it adds or renames is whole on rank 0 already.
             full = {key: original.get(_clean(key), value) for key, value in get_model_state_dict(policy.model).items()}
-        spec = manager.select("parallel_strategies", name, key=KEYS[name])
-        mesh = distributed.mesh_for(world, spec.mesh_dims, model_config)
+        mesh = world.dims.mesh(spec.mesh_dims) if spec.mesh_dims else None
         result = spec.apply(policy.model, mesh=mesh, config=model_config, world=world)
         if isinstance(result, Applied):
             policy.exporter = result.exporter or policy.exporter
             if result.before_step is not None:
                 policy.before_step.append(result.before_step)
+            policy.param_device = result.param_device or policy.param_device
             result = result.model
         policy.model = result
-        policy.applied.append(name)
-    _quantize(policy, model_config, manager)
-    if not use_fsdp:
+        policy.applied.append(spec.name)
+    if not data_parallel:
         policy.model.to(world.device)
     elif world.size > 1:
-        _broadcast_weights(policy.model, full, world, offloaded=model_config.fsdp_cpu_offload)
+        _broadcast_weights(policy.model, full, world, offloaded=policy.param_device == "cpu")
     return policy
-
-
-def _quantize(policy: Policy, model_config, manager) -> None:
-    """``trainer.model.quantization = "fp8"``: the blocks' linear layers compute in FP8 (after
-    LoRA, whose base layers it converts, and before every strategy that wraps or shards).
-    Like LoRA it changes the model, so parity references get it too."""
-    if model_config.quantization != "fp8" or "fp8" in policy.applied:
-        return
-    spec = manager.select("kernels", "fp8_linear:auto", key="trainer.model.quantization")
-    if not spec.impl(policy.model):
-        raise PluginError("trainer.model.quantization = 'fp8': the model has no block linear layers "
-                          "(q_proj ... down_proj) to convert", hint="unset trainer.model.quantization")
-    policy.applied.append("fp8")
 
 
 def _broadcast_weights(model, full: dict | None, world, *, offloaded: bool) -> None:
@@ -157,7 +166,7 @@ def full_state_dict(policy: Policy, world) -> dict | None:
 
     if policy.exporter is not None:
         return policy.exporter(policy.model, world)
-    if "fsdp" in policy.applied:
+    if _sharded(policy.model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         state = get_model_state_dict(policy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -170,6 +179,12 @@ def full_state_dict(policy: Policy, world) -> dict | None:
 
 
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_offload_wrapped_module.")
+
+
+def _sharded(model) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def clean_names(state: dict) -> dict:

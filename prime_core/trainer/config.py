@@ -9,108 +9,34 @@ from pydantic import Field, model_validator
 
 from prime_core.bench import BenchConfig
 from prime_core.config.base import Requires, Section, Selects, Toggle
-from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, WandbSection, WeightBroadcastConfig
+from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, Monitors, WeightBroadcastConfig
 from prime_core.trainer.fake import FakeDataConfig
 
 
-class CompileConfig(Section):
-    """``torch.compile`` of the transformer blocks."""
-
-    fullgraph: bool = False
-
-
-class ACConfig(Section):
-    """Activation checkpointing."""
-
-    mode: Literal["full", "selective"] = "full"
-    freq: int = Field(default=1, ge=1)
-    """Checkpoint every ``freq`` blocks (1 = every block)."""
-    targets: list[Literal["norm", "attn_proj", "attention", "mlp_proj", "mlp"]] = Field(
-        default_factory=lambda: ["norm"], min_length=1)
-    """Sub-modules recomputed in ``selective`` mode: ``norm`` (normalisation layers), ``attn_proj``
-    (q/k/v/o projections), ``attention``, ``mlp_proj`` (gate/up/down projections), ``mlp``."""
-
-
-class ACOffloadingConfig(Section):
-    """Offload checkpointed activations to CPU memory."""
-
-    max_inflight_activations: int = Field(default=5, ge=1)
-
-
-class LoRAConfig(Section):
-    rank: int = Field(default=16, ge=1)
-    alpha: float = 32.0
-    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    )
-    modules_to_save: list[str] = Field(default_factory=list)
-
-
 class TrainerModelConfig(ModelRef):
-    """The trained model and how it is built, sharded and checkpointed."""
+    """The trained model and how it is built. Plugins add their own keys here (the parallel
+    strategies' degrees and settings, kernels' options: ``prime config show`` lists them)."""
 
     impl: Annotated[str, Selects("model_impls", skip=("auto",))] = "auto"
-    """Model implementation: ``hf``, ``custom`` or ``auto`` (custom where supported)."""
+    """Model implementation from a plugin (``prime plugins list``); ``auto`` takes the
+    highest-priority implementation that supports the checkpoint."""
     attn: str = "sdpa"
-    """Attention kernel: ``sdpa``, ``flash_attention_2``, ``flash_attention_3``, ..."""
+    """Attention kernel: the model implementation's default (``sdpa``), or a kernel
+    registered as ``attention:<name>``."""
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """Parameter dtype during compute."""
-    # FSDP settings: a non-default value needs the `fsdp` strategy, so it is never silently ignored.
-    reduce_dtype: Annotated[Literal["bfloat16", "float32"],
-                            Requires("parallel_strategies", "fsdp", when=lambda m: m.reduce_dtype != "float32")] = "float32"
     optimization_dtype: Annotated[
         Literal["bfloat16", "float32"],
-        Requires("parallel_strategies", "fsdp", when=lambda m: m.optimization_dtype != "float32"),
+        Requires("parallel_strategies", slot="data_parallel", when=lambda m: m.optimization_dtype != "float32"),
     ] = "float32"
-    compile: Annotated[Toggle[CompileConfig], Requires("parallel_strategies", "compile")] = None
-    ac: Annotated[Toggle[ACConfig], Requires("parallel_strategies", "ac")] = None
-    ac_offloading: Annotated[Toggle[ACOffloadingConfig], Requires("parallel_strategies", "ac_offloading")] = None
-    lora: Annotated[Toggle[LoRAConfig], Requires("parallel_strategies", "lora")] = None
-    reshard_after_forward: Annotated[bool, Requires("parallel_strategies", "fsdp",
-                                                    when=lambda m: not m.reshard_after_forward)] = True
-    fsdp_cpu_offload: Annotated[bool, Requires("parallel_strategies", "fsdp")] = False
-    """Parameters, gradients and optimizer state on CPU."""
+    """Master weights and optimizer state. Different from ``dtype``, it needs a data-parallel
+    strategy, which keeps the master weights and computes in ``dtype`` (mixed precision);
+    without one the parameters are simply held in ``dtype``."""
     optim_cpu_offload: bool = False
     """Optimizer state in CPU memory between steps."""
-    dp_replicate: Annotated[int, Requires("parallel_strategies", "fsdp", when=lambda m: m.dp_replicate > 1)] = Field(
-        default=1, ge=1
-    )
-    """HSDP: replicate × shard."""
-    ep: Annotated[int, Requires("parallel_strategies", "ep", when=lambda m: m.ep > 1)] = Field(default=1, ge=1)
-    """Expert-parallel degree; must divide the number of experts."""
-    ep_comm_backend: Annotated[str, Selects("ep_backends", when=lambda m: m.ep > 1)] = "torch"
-    deepep_num_sms: int | None = Field(default=None, ge=1)
-    deepep_token_chunk_size: int | None = Field(default=None, ge=1)
-    cp: Annotated[int, Requires("parallel_strategies", "cp", when=lambda m: m.cp > 1)] = Field(default=1, ge=1)
-    """Context-parallel degree."""
-    cp_style: Literal["ring", "ulysses"] = "ring"
-    fused_lm_head_token_chunk_size: Annotated[
-        int | Literal["auto", "disabled"],
-        Requires("kernels", "lm_head:fused", when=lambda m: m.fused_lm_head_token_chunk_size != "disabled"),
-    ] = "disabled"
-    quantization: Annotated[Literal["fp8"] | None, Requires("kernels", "fp8_linear:*")] = None
-    kernels: dict[str, str] = Field(default_factory=dict)
-    """Kernels by op, from the kernel registry (``op:name``): ``rmsnorm``, ``swiglu``, ``rope``
-    for native models (``{rmsnorm = "liger", swiglu = "liger", rope = "liger"}``), ``hf_patch``
-    for the hf implementation (``{hf_patch = "liger"}``); ``lm_head`` picks the implementation
-    of the fused LM head when ``fused_lm_head_token_chunk_size`` is on (``fused``: Triton on
-    CUDA, PyTorch elsewhere; ``fused_torch``, ``fused_triton``, ``liger``)."""
-
-    @model_validator(mode="after")
-    def _incompatible(self) -> TrainerModelConfig:
-        # The combinations prime-rl's docs rule out, refused before anything starts.
-        problems = []
-        if self.fsdp_cpu_offload and self.optim_cpu_offload:
-            problems.append("fsdp_cpu_offload and optim_cpu_offload are mutually exclusive: fsdp_cpu_offload "
-                            "already keeps optimizer state on CPU; set only one")
-        for key, degree in (("ep", self.ep), ("cp", self.cp)):
-            if degree > 1 and self.impl == "hf":
-                problems.append(f"{key} = {degree} needs impl = 'custom' (or 'auto' for a supported family): "
-                                "the Hugging Face implementation has no expert/context parallel layers")
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
+    kernels: Annotated[dict[str, str], Selects("kernels", mapping=True)] = Field(default_factory=dict)
+    """Kernels by op, from the kernel registry (``op:name``), for the model implementation
+    to use, e.g. ``{rmsnorm = "NAME", swiglu = "NAME"}``; ``prime plugins list`` shows them."""
 
 
 class OptimConfig(Section):
@@ -157,7 +83,8 @@ class TrainerConfig(Section):
     resume: bool = False
     """Continue from the newest complete checkpoint under ``output_dir/checkpoints``."""
     seed: int = 0
-    wandb: WandbSection = None
+    monitors: Monitors = Field(default_factory=lambda: ["jsonl"])
+    """Metric sinks (``prime plugins list``); ``jsonl`` is always written."""
     log: LogConfig = Field(default_factory=LogConfig)
 
     @model_validator(mode="before")

@@ -23,7 +23,7 @@ def resolve_impl(model_config, manager):
         raise PluginError(
             f"trainer.model.impl = 'auto': no installed model implementation supports "
             f"{getattr(hf_config, 'architectures', None) or hf_config.model_type}",
-            hint="install prime-plugin-hf (any transformers causal LM)",
+            hint="install a model implementation plugin that supports it (`prime plugins list`)",
         )
     return max(candidates, key=lambda spec: (spec.priority, spec.name))
 
@@ -144,30 +144,6 @@ def token_logprob_fn():
 
     _FN = TokenLogProb.apply
     return _FN
-
-
-def attach_lm_head(model, model_config, manager) -> None:
-    """Give a native model the fused LM head the config asks for (no-op when disabled):
-    ``model.lm_head_fn(hidden, weight, targets, temperature, *, with_entropy)``."""
-    setting = model_config.fused_lm_head_token_chunk_size
-    if setting == "disabled":
-        return
-    if not hasattr(model, "lm_head_fn"):
-        raise PluginError(
-            f"trainer.model.fused_lm_head_token_chunk_size = {setting!r}: the {type(model).__name__} model "
-            "computes its own logits; the fused LM head needs a native implementation",
-            hint="set trainer.model.impl = 'custom' (supported families) or fused_lm_head_token_chunk_size = "
-                 "'disabled'",
-        )
-    import functools
-
-    name = model_config.kernels.get("lm_head", "fused")
-    key = "trainer.model.kernels.lm_head" if "lm_head" in model_config.kernels else \
-        "trainer.model.fused_lm_head_token_chunk_size"
-    spec = manager.select("kernels", f"lm_head:{name}", key=key, shown=name)
-    # The kernel's contract: impl(hidden, weight, targets, temperature, *, token_chunk, with_entropy),
-    # token_chunk an int or "auto" (sized per call from the shapes).
-    model.lm_head_fn = functools.partial(spec.impl, token_chunk=setting)
 
 
 def transformer_blocks(model):

@@ -89,7 +89,9 @@ def run(config) -> int:
                 "loss_tokens": sums["loss_tokens"], "step_time": elapsed,
                 "tokens_per_s": sums["tokens"] / elapsed if elapsed else 0.0,
                 "reward": info.get("reward", float("nan")),
-                "off_policy_max": info.get("off_policy_max", 0), "policy_versions": info.get("versions", []),
+                "off_policy_max": info.get("off_policy_max", 0),
+                "policy_version_min": min(info.get("versions") or [0]),
+                "policy_version_max": max(info.get("versions") or [0]),
             }
             metrics.log(step, record, show=SHOW)
         if config.ckpt.interval and step % config.ckpt.interval == 0:

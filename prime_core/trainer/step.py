@@ -55,7 +55,7 @@ def train_step(training, rows: list[dict], *, max_norm: float | None, loss_fn=No
     from prime_core.trainer.optim import clip_and_step
 
     world = training.world
-    cp = distributed.cp_size(world)
+    cp = world.rows_split
     total = sum(sum(row["loss_mask"]) for row in rows)
     mine = share(rows, world.rank // cp, world.size // cp)
     sums = forward_backward(training.policy.model, mine, total_loss_tokens=total, world=world, loss_fn=loss_fn,
@@ -109,7 +109,7 @@ def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, 
     from prime_core import distributed
     from prime_core.trainer.model import predicted_logprobs
 
-    cp = distributed.cp_size(world)
+    cp = world.rows_split
     cp_rank = world.rank % cp
     norm = max(1, total_loss_tokens)
     scale = world.size / norm  # data-parallel gradient reduction averages over ranks; the loss sums

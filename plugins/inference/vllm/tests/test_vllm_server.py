@@ -262,12 +262,12 @@ def trained_adapter(tiny: Path, out: Path, seed: int):
     from transformers import AutoModelForCausalLM
 
     from prime_core.distributed import World
-    from prime_core.trainer.config import TrainerModelConfig
+    from prime_core.config.checks import section_model
     from prime_plugin_lora.lora import apply
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
-    applied = apply(model, config=TrainerModelConfig(name=str(tiny), lora={"rank": 4, "alpha": 8}))
+    applied = apply(model, config=section_model("trainer", "model")(name=str(tiny), lora={"rank": 4, "alpha": 8}))
     model, export = applied.model, applied.exporter
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
     ids = torch.tensor([PROMPT * 2])

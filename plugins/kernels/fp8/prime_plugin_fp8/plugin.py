@@ -5,8 +5,10 @@ Registered as ``fp8_linear:auto``, ``fp8_linear:deep_gemm``, ``fp8_linear:torch`
 ``fp8_linear:emulated``. Each ``impl(model, *, fp8_wgrad=True) -> int`` converts ``model``'s
 block projections in place to FP8 linears running that backend and returns how many it
 converted (``convert.convert``). ``auto`` picks per device at run time (DeepGEMM, else
-``torch._scaled_mm``; the emulated reference off CUDA). Importing this module does not
-import torch.
+``torch._scaled_mm``; the emulated reference off CUDA). ``trainer.model.quantization = "fp8"``
+turns on the ``fp8`` strategy (``quantization`` slot of the build order), which converts with
+the kernel ``trainer.model.kernels.fp8_linear`` names (``auto`` by default). Importing this
+module does not import torch.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import functools
 
 from prime_core import hookimpl
-from prime_core.specs import Kernel
+from prime_core.specs import ConfigSection, Kernel, ParallelStrategy
 
 PRIME_PLUGIN_API = 1
 
@@ -36,6 +38,18 @@ def _unavailable(name: str) -> str | None:
     from prime_plugin_fp8.gemm import unavailable
 
     return unavailable(name)
+
+
+@hookimpl
+def prime_config_sections():
+    return [ConfigSection(name="trainer.model", model="prime_plugin_fp8.config:FP8Keys", merge=True, roots=("rl", "sft"))]
+
+
+@hookimpl
+def prime_parallel_strategies():
+    return [ParallelStrategy(name="fp8", slot="quantization", apply="prime_plugin_fp8.strategy:apply",
+                             enabled=lambda config, world: config.quantization == "fp8", reference=True,
+                             description="the transformer blocks' linear layers in block-scaled FP8")]
 
 
 @hookimpl

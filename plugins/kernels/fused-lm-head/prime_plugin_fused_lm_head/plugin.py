@@ -7,37 +7,31 @@ the hidden states a chunk at a time, so the ``[N, V]`` logits never exist.
 - ``lm_head:fused``: what the trainer attaches by default; Triton where it applies (CUDA
   tensors, Triton installed, not float64), PyTorch otherwise, decided per call.
 
+``trainer.model.fused_lm_head_token_chunk_size`` (an int or ``auto``) turns on the
+``fused_lm_head`` strategy (``lm_head`` slot of the build order), which attaches the kernel
+``trainer.model.kernels.lm_head`` names (``fused`` by default) to a native model.
+
 Importing this module stays cheap: torch and triton are imported when a kernel first runs.
 """
 
 from __future__ import annotations
 
 from prime_core import hookimpl
-from prime_core.specs import Kernel
+from prime_core.specs import ConfigSection, Kernel, ParallelStrategy
 
 PRIME_PLUGIN_API = 1
-
-
-def _torch(hidden, weight, targets, temperature=1.0, *, token_chunk, vocab_chunk=None, with_entropy=True):
-    from prime_plugin_fused_lm_head.torch_impl import fused_logprobs
-
-    return fused_logprobs(hidden, weight, targets, temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk,
-                          with_entropy=with_entropy)
-
-
-def _triton(hidden, weight, targets, temperature=1.0, *, token_chunk, vocab_chunk=None, with_entropy=True):
-    from prime_plugin_fused_lm_head.triton_impl import fused_logprobs
-
-    return fused_logprobs(hidden, weight, targets, temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk,
-                          with_entropy=with_entropy)
 
 
 def _fused(hidden, weight, targets, temperature=1.0, *, token_chunk, vocab_chunk=None, with_entropy=True):
     import torch
 
     use_triton = hidden.is_cuda and hidden.dtype != torch.float64 and _triton_reason() is None
-    return (_triton if use_triton else _torch)(hidden, weight, targets, temperature, token_chunk=token_chunk,
-                                                vocab_chunk=vocab_chunk, with_entropy=with_entropy)
+    if use_triton:
+        from prime_plugin_fused_lm_head.triton_impl import fused_logprobs
+    else:
+        from prime_plugin_fused_lm_head.torch_impl import fused_logprobs
+    return fused_logprobs(hidden, weight, targets, temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk,
+                          with_entropy=with_entropy)
 
 
 def _triton_reason():
@@ -47,14 +41,33 @@ def _triton_reason():
 
 
 @hookimpl
+def prime_config_sections():
+    return [
+        ConfigSection(name="trainer.model", model="prime_plugin_fused_lm_head.config:FusedLMHeadKeys", merge=True,
+                      roots=("rl", "sft")),
+        ConfigSection(name="", model="prime_plugin_fused_lm_head.config:SFTChunk", merge=True, roots=("sft",)),
+    ]
+
+
+@hookimpl
+def prime_parallel_strategies():
+    return [ParallelStrategy(name="fused_lm_head", slot="lm_head", apply="prime_plugin_fused_lm_head.strategy:apply",
+                             enabled=lambda config, world: config.fused_lm_head_token_chunk_size != "disabled",
+                             reference=True,
+                             description="the chunked LM head: log-probabilities without the [tokens, vocab] logits")]
+
+
+@hookimpl
 def prime_kernels():
     reference = "eager logits + log_softmax in float64"
     return [
         Kernel(op="lm_head", name="fused", impl=_fused, reference=reference,
                description="chunked LM head, log p(target) and entropy without the [N, V] logits: "
                            "Triton on CUDA, PyTorch elsewhere"),
-        Kernel(op="lm_head", name="fused_torch", impl=_torch, reference=reference,
+        Kernel(op="lm_head", name="fused_torch", impl="prime_plugin_fused_lm_head.torch_impl:fused_logprobs",
+               reference=reference,
                description="chunked LM head in PyTorch (any device and dtype)"),
-        Kernel(op="lm_head", name="fused_triton", impl=_triton, reference=reference, available=_triton_reason,
+        Kernel(op="lm_head", name="fused_triton", impl="prime_plugin_fused_lm_head.triton_impl:fused_logprobs",
+               reference=reference, available="prime_plugin_fused_lm_head.triton_impl:unavailable_reason",
                description="chunked LM head with Triton softmax kernels (CUDA)"),
     ]

@@ -7,8 +7,9 @@ table says how the job is written and submitted.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from prime_core.config.base import ExistingFile, Section
 
@@ -47,3 +48,22 @@ class SlurmConfig(Section):
     sbatch_options: dict[str, str | int | bool] = Field(default_factory=dict)
     """Further ``#SBATCH`` options, e.g. ``{qos = "high", mem = "0"}`` → ``--qos=high``,
     ``--mem=0`` (``true`` writes the bare flag)."""
+
+
+LEGACY_KEYS = ("job_name", "project_dir", "template_path", "partition", "account", "time")
+"""Keys prime-rl's older ``rl_slurm`` docs set at the top level of the config."""
+
+
+class LegacyTopLevelKeys(Section):
+    """The older docs' top-level ``job_name = ...`` etc. land in ``[slurm]`` (which wins)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _into_slurm(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not any(k in data for k in LEGACY_KEYS):
+            return data
+        data = dict(data)
+        legacy = {k: data.pop(k) for k in LEGACY_KEYS if k in data}
+        slurm = data.get("slurm") if isinstance(data.get("slurm"), dict) else {}
+        data["slurm"] = {**legacy, **slurm}
+        return data

@@ -37,28 +37,6 @@ def _dump(config, path: Path, **changes) -> Path:
     return path
 
 
-def _fsdp_islands(config) -> int | None:
-    """``deployment.nodes_per_fsdp_group`` as ``trainer.model.dp_replicate`` (None: not set)."""
-    d = config.deployment
-    per_group = getattr(d, "nodes_per_fsdp_group", None)
-    if per_group is None:
-        return None
-    return d.num_train_nodes // per_group
-
-
-def _rl_configs(config, configs: dict[str, Path]) -> None:
-    """``nodes_per_fsdp_group`` sets ``trainer.model.dp_replicate`` in the trainer's config."""
-    islands = _fsdp_islands(config)
-    if islands is None or "trainer" not in configs or config.trainer.model.dp_replicate == islands:
-        return
-    path = configs["trainer"]
-    data = json.loads(path.read_text())
-    data["model"]["dp_replicate"] = islands
-    from prime_core.launch.plan import atomic_write_text
-
-    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
-
-
 def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str | None = None, **_unused):
     from prime_core.errors import PluginError
     from prime_core.launch.plan import LaunchPlan
@@ -71,9 +49,7 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str | None
     out = Path(output_dir)
     configs = dict(configs)
     config_dir = out / "configs"
-    if root == "rl":
-        _rl_configs(config, configs)
-    elif root == "sft" and "sft" not in configs:
+    if root == "sft" and "sft" not in configs:
         configs["sft"] = _dump(config, config_dir / "sft.json")
     elif root == "inference":
         # Every node runs one independent single-node server.
@@ -183,10 +159,11 @@ def launch(plan) -> int:
 
 @hookimpl
 def prime_config_sections():
-    from prime_plugin_slurm.config import SlurmConfig
-
-    return [ConfigSection(name="slurm", model=SlurmConfig, roots=("rl", "sft", "inference"),
-                          description="Submit the run to SLURM (sbatch).")]
+    return [
+        ConfigSection(name="slurm", model="prime_plugin_slurm.config:SlurmConfig", roots=("rl", "sft", "inference"),
+                      description="Submit the run to SLURM (sbatch)."),
+        ConfigSection(name="", model="prime_plugin_slurm.config:LegacyTopLevelKeys", merge=True, roots=("rl",)),
+    ]
 
 
 @hookimpl
@@ -205,17 +182,6 @@ def prime_validate_config(config, root):
     if getattr(config, "slurm", None) is None:
         return
     d = getattr(config, "deployment", None)
-    per_group = getattr(d, "nodes_per_fsdp_group", None)
-    if per_group is not None:
-        if d.num_train_nodes % per_group:
-            yield (f"deployment.nodes_per_fsdp_group = {per_group} does not divide deployment.num_train_nodes = "
-                   f"{d.num_train_nodes}: choose a divisor (FSDP islands of whole nodes)")
-        else:
-            islands = d.num_train_nodes // per_group
-            replicate = config.trainer.model.dp_replicate
-            if replicate not in (1, islands):
-                yield (f"trainer.model.dp_replicate = {replicate} contradicts deployment.nodes_per_fsdp_group = "
-                       f"{per_group} ({islands} FSDP islands of {per_group} node(s)): set one of them")
     server = config.inference if root == "rl" else (config if root == "inference" else None)
     if server is not None and d is not None and d.type == "multi_node":
         per_server = server.parallel.tp * server.parallel.dp

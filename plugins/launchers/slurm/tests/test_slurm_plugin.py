@@ -19,8 +19,9 @@ SEEDS = Path(__file__).resolve().parents[4] / "examples" / "seeds"
 
 
 @pytest.fixture
-def slurm(register_plugin):
-    register_plugin(plugin, name="slurm")
+def slurm(installed_plugins):
+    """Every installed plugin: the seeds use keys of the strategy plugins too."""
+    return installed_plugins
 
 
 @pytest.fixture
@@ -84,17 +85,17 @@ def test_unknown_without_the_plugin(plugin_manager, prime_cli):
     assert "slurm" in result.output and "unknown key" in result.output
 
 
-def test_a_slurm_table_selects_the_launcher(slurm, plugin_manager):
+def test_a_slurm_table_selects_the_launcher(slurm):
     from prime_core.config.checks import resolve_launcher
     from prime_core.config.cli_args import parse_args
     from prime_core.config.load import load
 
-    with_table, _ = load("rl", parse_args(["--slurm.job-name", "x"]), manager=plugin_manager)
-    assert resolve_launcher(with_table, plugin_manager) == "slurm"
+    with_table, _ = load("rl", parse_args(["--slurm.job-name", "x"]), manager=slurm)
+    assert resolve_launcher(with_table, slurm) == "slurm"
     for root in ("sft", "inference"):
-        config, _ = load(root, parse_args(["--slurm.job-name", "x"]), manager=plugin_manager)
+        config, _ = load(root, parse_args(["--slurm.job-name", "x"]), manager=slurm)
         assert plugin.prime_select_launcher(config) == "slurm"
-    without, _ = load("rl", parse_args([]), manager=plugin_manager)
+    without, _ = load("rl", parse_args([]), manager=slurm)
     assert plugin.prime_select_launcher(without) is None
 
 

@@ -31,11 +31,10 @@ def test_registered_through_its_entry_point():
 
 
 @pytest.fixture
-def torchrun_cli(prime_cli, register_plugin, monkeypatch):
+def torchrun_cli(prime_cli, installed_plugins, monkeypatch):
     for name in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
                  "CUDA_VISIBLE_DEVICES"):
         monkeypatch.delenv(name, raising=False)
-    register_plugin(plugin, name="torchrun")
 
     def invoke(root, out, *args, env=None, ok=True):
         result = prime_cli(root, "--output-dir", str(out), *args, "--dry-run", env=env)

@@ -31,17 +31,17 @@ OP_HOOKS = {"rmsnorm": ("RMSNorm", "norm_fn"), "swiglu": ("MLP", "swiglu_fn"), "
 
 def attach_kernels(model, kernels: dict[str, str]) -> None:
     """Point every RMSNorm / MLP / Attention at the kernels ``trainer.model.kernels`` names
-    (``{"rmsnorm": "liger", ...}``: registered as ``rmsnorm:liger``); the eager code otherwise."""
+    (``{"rmsnorm": "liger", ...}``: registered as ``rmsnorm:liger``); the eager code otherwise.
+    Ops the native model does not run (``lm_head``, ``fp8_linear``) are other components'."""
     from prime_core.errors import ConfigError
     from prime_core.plugins import get_plugin_manager
 
-    unknown = sorted(set(kernels) - set(OP_HOOKS) - {"hf_patch"})
-    if unknown:
-        raise ConfigError([f"trainer.model.kernels: the native implementation has no op {op!r}; it takes "
-                           f"{', '.join(OP_HOOKS)}" for op in unknown])
+    if "hf_patch" in kernels:
+        raise ConfigError(["trainer.model.kernels.hf_patch: patches a transformers model (impl = 'hf'); the native "
+                           f"implementation takes {', '.join(OP_HOOKS)} instead"])
     for op, name in kernels.items():
         if op not in OP_HOOKS:
-            continue  # hf_patch is for the hf implementation
+            continue
         impl = get_plugin_manager().select("kernels", f"{op}:{name}", key=f"trainer.model.kernels.{op}", shown=name).impl
         cls_name, attr = OP_HOOKS[op]
         for module in model.modules():

@@ -1,7 +1,7 @@
 """``trainer.model.kernels`` on the native model: every RMSNorm, MLP and attention module
 calls the registered ``rmsnorm``/``swiglu``/``rope`` kernel it names (here: probes that count
-calls and compute the eager result), the model's output is unchanged, and an op the model
-does not have is refused."""
+calls and compute the eager result), the model's output is unchanged; an op no kernel provides
+is refused by the config check, and the transformers-only ``hf_patch`` by the build."""
 
 import pytest
 import torch
@@ -67,11 +67,18 @@ def test_named_kernels_replace_the_eager_ops(tmp_path, probes):
     assert probes.calls == {"rmsnorm": 2 * 4 + 1, "swiglu": 2, "rope": 2}
 
 
-def test_an_op_the_model_does_not_have_is_refused(tmp_path, probes):
+def test_an_op_no_kernel_provides_is_refused(tmp_path, probes):
     from prime_plugin_hf.tiny import build_tiny
 
+    from prime_core.cli.common import load_config
+    from prime_core.config.checks import check
     from prime_core.errors import ConfigError
 
+    config = load_config("trainer", ["--model.kernels", '{"layernorm": "probe", "rmsnorm": "probe"}'])
+    problems = check(config, "trainer")
+    assert any("model.kernels.layernorm = 'probe': no installed plugin provides a kernel named 'layernorm:probe'" in p
+               for p in problems), problems
+    assert not any("kernels.rmsnorm" in p for p in problems)
     folder = build_tiny(tmp_path / "tiny", hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=32)
-    with pytest.raises(ConfigError, match="no op 'layernorm'"):
-        _build(folder, layernorm="probe")
+    with pytest.raises(ConfigError, match="hf_patch: patches a transformers model"):
+        _build(folder, hf_patch="probe")

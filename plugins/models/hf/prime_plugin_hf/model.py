@@ -35,16 +35,21 @@ def build(model_config, *, device: str = "cpu"):
     return patch(model, model_config).to(device)
 
 
+NATIVE_OPS = ("rmsnorm", "swiglu", "rope")
+"""Ops the custom implementation's layers call (prime-plugin-custom); a transformers model has no hook for them."""
+
+
 def patch(model, model_config):
     """``trainer.model.kernels = {hf_patch = NAME}``: the ``hf_patch:NAME`` kernel rewrites the
     transformers model in place (liger's RMSNorm, SwiGLU, RoPE); other ops are native-only."""
     kernels = dict(getattr(model_config, "kernels", None) or {})
     name = kernels.pop("hf_patch", None)
-    if kernels:
+    native = sorted(set(kernels) & set(NATIVE_OPS))
+    if native:
         from prime_core.errors import ConfigError
 
-        raise ConfigError([f"trainer.model.kernels.{op}: kernels by op are for impl = 'custom'; the hf "
-                           "implementation takes only hf_patch (e.g. hf_patch = 'liger')" for op in sorted(kernels)])
+        raise ConfigError([f"trainer.model.kernels.{op}: this op is run by native models (impl = 'custom'); the hf "
+                           "implementation takes hf_patch instead (e.g. hf_patch = 'liger')" for op in native])
     if name is None:
         return model
     from prime_core.plugins import get_plugin_manager

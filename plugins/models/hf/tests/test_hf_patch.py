@@ -40,5 +40,5 @@ def test_hf_patch_kernel_rewrites_the_model(tmp_path, manager):
     for device in ("cpu", "meta"):
         build(TrainerModelConfig(name=str(folder), impl="hf", kernels={"hf_patch": "probe"}), device=device)
     assert Patcher.patched == ["Qwen3ForCausalLM", "Qwen3ForCausalLM"]
-    with pytest.raises(ConfigError, match="kernels.rmsnorm: kernels by op are for impl = 'custom'"):
+    with pytest.raises(ConfigError, match="kernels.rmsnorm: this op is run by native models"):
         build(TrainerModelConfig(name=str(folder), impl="hf", kernels={"rmsnorm": "liger"}))

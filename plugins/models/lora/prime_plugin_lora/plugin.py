@@ -1,4 +1,5 @@
-"""Hooks of prime-plugin-lora: the ``lora`` strategy, first in the trainer's build order."""
+"""Hooks of prime-plugin-lora: the ``lora`` strategy (``adapters`` slot of the trainer's build
+order), its ``trainer.model.lora`` key, and ``prime lora merge``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import typer
 
 from prime_core import hookimpl
-from prime_core.specs import CliCommand, ParallelStrategy
+from prime_core.specs import CliCommand, ConfigSection, ParallelStrategy
 
 PRIME_PLUGIN_API = 1
 
@@ -31,24 +32,28 @@ def prime_cli_commands():
     return [CliCommand(name="lora", app=lora_cli, description="Work with LoRA adapters.")]
 
 
-def _apply(model, **kwargs):
-    from prime_plugin_lora.lora import apply
-
-    return apply(model, **kwargs)
+@hookimpl
+def prime_config_sections():
+    return [
+        ConfigSection(name="trainer.model", model="prime_plugin_lora.config:LoRAKeys", merge=True, roots=("rl", "sft")),
+        ConfigSection(name="", model="prime_plugin_lora.config:ServeAdapters", merge=True, roots=("rl",)),
+    ]
 
 
 @hookimpl
 def prime_parallel_strategies():
-    return [ParallelStrategy(name="lora", apply=_apply,
+    return [ParallelStrategy(name="lora", slot="adapters", apply="prime_plugin_lora.lora:apply",
+                             enabled=lambda config, world: config.lora is not None, reference=True,
                              description="LoRA adapters: only they are trained and published")]
 
 
 @hookimpl
 def prime_validate_config(config, root):
-    trainer = getattr(config, "trainer", None) if root == "rl" else config
-    lora = getattr(getattr(trainer, "model", None), "lora", None)
-    key = "trainer.model.lora" if root == "rl" else "model.lora"
+    from prime_core.config.shared import model_section
+
+    model, key = model_section(config, root)
+    lora = getattr(model, "lora", None)
     if lora is not None and lora.modules_to_save:
-        return [f"{key}.modules_to_save = {lora.modules_to_save}: not supported (vLLM cannot serve adapters "
+        return [f"{key}.lora.modules_to_save = {lora.modules_to_save}: not supported (vLLM cannot serve adapters "
                 "with fully trained modules); leave it empty"]
     return None

@@ -32,14 +32,14 @@ def test_only_adapters_train_and_they_start_as_the_base_model():
     import torch
 
     from prime_core.distributed import World
-    from prime_core.trainer.config import TrainerModelConfig
+    from prime_core.config.checks import section_model
     from prime_plugin_lora.lora import apply
 
     ids = torch.tensor([[1, 4, 9, 16, 25, 36]])
     base = _model()
     before = base(ids).logits.detach()
     frozen = {k: v.clone() for k, v in base.state_dict().items()}
-    applied = apply(_model(), config=TrainerModelConfig(name="m", lora={"rank": 4, "alpha": 8}))
+    applied = apply(_model(), config=section_model("trainer", "model")(name="m", lora={"rank": 4, "alpha": 8}))
     model, export = applied.model, applied.exporter
     assert torch.allclose(model(ids).logits, before)  # B = 0
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
@@ -63,12 +63,12 @@ def test_only_adapters_train_and_they_start_as_the_base_model():
 
 
 def test_unknown_targets_and_modules_to_save_are_refused():
-    from prime_core.trainer.config import TrainerModelConfig
+    from prime_core.config.checks import section_model
     from prime_plugin_lora.lora import apply
 
     with pytest.raises(ValueError, match="no linear layer"):
-        apply(_model(), config=TrainerModelConfig(name="m", lora={"target_modules": ["qkv"]}))
-    config = TrainerModelConfig(name="m", lora={"modules_to_save": ["lm_head"]})
+        apply(_model(), config=section_model("trainer", "model")(name="m", lora={"target_modules": ["qkv"]}))
+    config = section_model("trainer", "model")(name="m", lora={"modules_to_save": ["lm_head"]})
     problems = plugin.prime_validate_config(config=type("T", (), {"model": config})(), root="trainer")
     assert problems and "modules_to_save" in problems[0]
 
@@ -88,11 +88,11 @@ def test_merged_adapter_gives_the_trained_models_outputs(tmp_path, prime_cli):
     from transformers import AutoModelForCausalLM
 
     from prime_core.distributed import World
-    from prime_core.trainer.config import TrainerModelConfig
+    from prime_core.config.checks import section_model
     from prime_plugin_lora.lora import apply
 
     _model().save_pretrained(tmp_path / "base")
-    applied = apply(_model(), config=TrainerModelConfig(name="m", lora={"rank": 4, "alpha": 8}))
+    applied = apply(_model(), config=section_model("trainer", "model")(name="m", lora={"rank": 4, "alpha": 8}))
     model, export = applied.model, applied.exporter
     with torch.no_grad():
         for name, param in model.named_parameters():

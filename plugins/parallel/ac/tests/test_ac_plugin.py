@@ -56,20 +56,20 @@ def _model():
 
 
 def test_wrappers_sit_where_the_config_says():
-    from prime_core.trainer.config import TrainerModelConfig
+    from prime_core.config.checks import section_model
     from prime_plugin_ac import checkpointing, offloading
 
-    model = checkpointing.apply(_model(), config=TrainerModelConfig(ac={"freq": 2}))
+    model = checkpointing.apply(_model(), config=section_model("trainer", "model")(ac={"freq": 2}))
     kinds = [type(b).__name__ for b in model.model.layers]
     assert kinds == ["CheckpointWrapper", "Qwen3DecoderLayer", "CheckpointWrapper"]
 
-    model = checkpointing.apply(_model(), config=TrainerModelConfig(ac={"mode": "selective", "targets": ["norm"]}))
+    model = checkpointing.apply(_model(), config=section_model("trainer", "model")(ac={"mode": "selective", "targets": ["norm"]}))
     layer = model.model.layers[0]
     assert type(layer.input_layernorm).__name__ == "CheckpointWrapper"
     assert type(layer.self_attn.q_norm).__name__ == "CheckpointWrapper"
     assert type(layer.self_attn.q_proj).__name__ == "Linear"
 
-    model = offloading.apply(_model(), config=TrainerModelConfig(ac_offloading={}))
+    model = offloading.apply(_model(), config=section_model("trainer", "model")(ac_offloading={}))
     assert {type(b).__name__ for b in model.model.layers} == {"OffloadedBlock"}
 
 
@@ -77,13 +77,13 @@ def test_offloading_moves_saved_tensors_out_and_back():
     """The saved activations go through the offloader and gradients are unchanged."""
     import torch
 
-    from prime_core.trainer.config import TrainerModelConfig
+    from prime_core.config.checks import section_model
     from prime_plugin_ac import offloading
 
     ids = torch.tensor([[1, 5, 7, 9, 3, 2]])
     plain = _model()
     plain(ids, labels=ids).loss.backward()
-    model = offloading.apply(_model(), config=TrainerModelConfig(ac_offloading={"max_inflight_activations": 1}))
+    model = offloading.apply(_model(), config=section_model("trainer", "model")(ac_offloading={"max_inflight_activations": 1}))
     offloader = model.model.layers[0]._offloader
     packed = []
     pack = offloader.pack

@@ -1,4 +1,5 @@
-"""Hooks of prime-plugin-compile: the ``compile`` parallel strategy (``trainer.model.compile``).
+"""Hooks of prime-plugin-compile: the ``compile`` strategy (``compile`` slot,
+``trainer.model.compile``).
 
 Each transformer block (after checkpointing/offloading wrappers, before FSDP) is compiled in
 place with ``torch.compile``; the blocks share one compiled graph because they have the same
@@ -9,7 +10,7 @@ boundaries FSDP hooks into. ``fullgraph = true`` makes any graph break an error.
 from __future__ import annotations
 
 from prime_core import hookimpl
-from prime_core.specs import ParallelStrategy
+from prime_core.specs import ConfigSection, ParallelStrategy
 
 PRIME_PLUGIN_API = 1
 
@@ -23,5 +24,13 @@ def apply(model, *, config, **_):
 
 
 @hookimpl
+def prime_config_sections():
+    return [ConfigSection(name="trainer.model", model="prime_plugin_compile.config:CompileKeys", merge=True,
+                          roots=("rl", "sft"))]
+
+
+@hookimpl
 def prime_parallel_strategies():
-    return [ParallelStrategy(name="compile", apply=apply, description="torch.compile of each transformer block")]
+    return [ParallelStrategy(name="compile", slot="compile", apply=apply,
+                             enabled=lambda config, world: config.compile is not None,
+                             description="torch.compile of each transformer block")]

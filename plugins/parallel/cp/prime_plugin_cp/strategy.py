@@ -31,8 +31,7 @@ class CPAttention:
 
 
 def cp_group(mesh, world, cp: int):
-    """The CP process group from the mesh the core passes (or ``world.meshes["cp"]``)."""
-    mesh = mesh if mesh is not None else world.meshes.get("cp")
+    """The CP process group from the mesh the core passes."""
     if mesh is None:
         raise RuntimeError(f"trainer.model.cp = {cp}: the core passed no 'cp' device mesh to the cp strategy "
                            "(it builds one for strategies whose mesh_dims name 'cp')")

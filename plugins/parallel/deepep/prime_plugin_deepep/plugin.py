@@ -7,7 +7,7 @@ Importing this module stays cheap: neither torch nor deep_ep is imported until n
 from __future__ import annotations
 
 from prime_core import hookimpl
-from prime_core.specs import EPBackend
+from prime_core.specs import ConfigSection, EPBackend
 
 PRIME_PLUGIN_API = 1
 
@@ -32,22 +32,23 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _make(group, *, num_experts, config=None):
-    from prime_plugin_deepep.dispatch import make
-
-    return make(group, num_experts=num_experts, config=config)
+@hookimpl
+def prime_config_sections():
+    return [ConfigSection(name="trainer.model", model="prime_plugin_deepep.config:DeepEPKeys", merge=True,
+                          roots=("rl", "sft"))]
 
 
 @hookimpl
 def prime_ep_backends():
-    return [EPBackend(name="deepep", make=_make, available=unavailable_reason,
+    return [EPBackend(name="deepep", make="prime_plugin_deepep.dispatch:make", available=unavailable_reason,
                       description="DeepEP normal kernels (NVLink intranode, RDMA internode)")]
 
 
 @hookimpl
 def prime_validate_config(config, root):
-    model = getattr(getattr(config, "trainer", None), "model", None) if root == "rl" else getattr(config, "model", None)
-    key = "trainer.model" if root == "rl" else "model"
+    from prime_core.config.shared import model_section
+
+    model, key = model_section(config, root)
     if getattr(model, "ep", 1) <= 1 or getattr(model, "ep_comm_backend", None) != "deepep":
         return None
     if model.deepep_num_sms is not None and model.deepep_num_sms % 2:

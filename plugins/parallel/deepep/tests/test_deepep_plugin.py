@@ -94,7 +94,9 @@ def test_plugins_list_shows_it_unavailable_with_the_reason(prime_cli):
     assert result.exit_code == 0, result.output
     [row] = [p for p in json.loads(result.output)["plugins"] if p["name"] == "deepep"]
     assert row["status"] == "unavailable" and row["reason"] == plugin.unavailable_reason()
-    assert row["provides"] == {"ep_backends": [{"name": "deepep", "unavailable": plugin.unavailable_reason()}]}
+    assert row["provides"]["ep_backends"] == [{"name": "deepep", "unavailable": plugin.unavailable_reason()}]
+    assert row["provides"]["config_sections"] == [
+        {"name": "trainer.model.deepep_num_sms, trainer.model.deepep_token_chunk_size", "unavailable": None}]
 
 
 # ------------------------------------------------------------------ selecting it
@@ -129,7 +131,7 @@ def test_the_ep_strategy_fails_with_the_reason(with_ep):
     import torch
     from torch import nn
 
-    from prime_core.trainer.config import TrainerModelConfig
+    from prime_core.config.checks import section_model
     from prime_plugin_ep.strategy import apply
 
     class Mesh:
@@ -143,15 +145,15 @@ def test_the_ep_strategy_fails_with_the_reason(with_ep):
     layer.experts = nn.Module()
     layer.experts.down_proj = nn.Parameter(torch.zeros(4, 2, 2))
     layer.num_experts, layer.dispatcher = 4, None
-    config = TrainerModelConfig(ep=2, ep_comm_backend="deepep")
+    config = section_model("trainer", "model")(ep=2, ep_comm_backend="deepep")
     with pytest.raises(PluginError, match="cannot run here: deep_ep is not installed"):
         apply(layer, mesh=Mesh(), config=config, world=SimpleNamespace(size=2))
 
 
 def test_refuses_an_odd_number_of_sms():
-    from prime_core.trainer.config import TrainerModelConfig
+    from prime_core.config.checks import section_model
 
-    config = SimpleNamespace(trainer=SimpleNamespace(model=TrainerModelConfig(
+    config = SimpleNamespace(trainer=SimpleNamespace(model=section_model("trainer", "model")(
         ep=2, ep_comm_backend="deepep", deepep_num_sms=23)))
     [problem] = plugin.prime_validate_config(config=config, root="rl")
     assert problem.startswith("trainer.model.deepep_num_sms = 23: DeepEP needs an even number of SMs")

@@ -1,5 +1,5 @@
-"""Hooks of prime-plugin-ep: the ``ep`` parallel strategy, the ``torch`` EP backend, and the
-config checks of ``trainer.model.ep``.
+"""Hooks of prime-plugin-ep: the ``ep`` strategy (``expert_parallel`` slot), the ``torch`` EP
+backend, the ``trainer.model.ep`` / ``ep_comm_backend`` keys and their config checks.
 
 Importing this module stays cheap: torch is imported by the functions that need it.
 """
@@ -7,34 +7,29 @@ Importing this module stays cheap: torch is imported by the functions that need 
 from __future__ import annotations
 
 from prime_core import hookimpl
-from prime_core.specs import EPBackend, ParallelStrategy
+from prime_core.specs import ConfigSection, EPBackend, ParallelStrategy
 
 PRIME_PLUGIN_API = 1
 
 
-def _apply(model, **kwargs):
-    from prime_plugin_ep.strategy import apply
-
-    return apply(model, **kwargs)
-
-
-def _make_torch(group, *, num_experts, config=None):
-    from prime_plugin_ep.dispatch import make
-
-    return make(group, num_experts=num_experts, config=config)
+@hookimpl
+def prime_config_sections():
+    return [ConfigSection(name="trainer.model", model="prime_plugin_ep.config:EPKeys", merge=True, roots=("rl", "sft"))]
 
 
 @hookimpl
 def prime_parallel_strategies():
     return [ParallelStrategy(
-        name="ep", apply=_apply, mesh_dims=("dp_mod_ep", "ep"),
+        name="ep", slot="expert_parallel", apply="prime_plugin_ep.strategy:apply",
+        enabled=lambda config, world: config.ep > 1, mesh_dims=("dp_mod_ep", "ep"),
+        degrees=lambda config: {"ep": config.ep},
         description="expert parallelism: experts sharded over trainer.model.ep ranks, tokens dispatched to them",
     )]
 
 
 @hookimpl
 def prime_ep_backends():
-    return [EPBackend(name="torch", make=_make_torch,
+    return [EPBackend(name="torch", make="prime_plugin_ep.dispatch:make",
                       description="all-to-all dispatch/combine with torch.distributed (NCCL or gloo)")]
 
 

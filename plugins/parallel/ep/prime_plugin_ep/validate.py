@@ -8,15 +8,6 @@ EXPERT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
 UNKNOWN = object()
 
 
-def model_section(config, root: str):
-    """``(trainer.model section, its dotted key)`` for the roots that train, else ``None``."""
-    if root == "rl":
-        return getattr(getattr(config, "trainer", None), "model", None), "trainer.model"
-    if root in ("trainer", "sft"):
-        return getattr(config, "model", None), "model"
-    return None, ""
-
-
 def count_experts(name: str, *, trust_remote_code: bool = False):
     """The model's number of experts, ``None`` for a dense model, ``UNKNOWN`` when its
     ``config.json`` cannot be read here (no network, not cached): the run finds out later."""
@@ -35,6 +26,8 @@ def count_experts(name: str, *, trust_remote_code: bool = False):
 
 
 def problems(config, root: str) -> list[str]:
+    from prime_core.config.shared import model_section
+
     model, key = model_section(config, root)
     ep = getattr(model, "ep", 1)
     if model is None or ep <= 1:

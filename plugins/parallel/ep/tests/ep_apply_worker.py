@@ -96,7 +96,7 @@ def main(path: Path, ep: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     from prime_core import distributed
-    from prime_core.trainer.config import TrainerModelConfig
+    from prime_core.config.checks import section_model
     from prime_plugin_ep.strategy import apply, expert_params
 
     world = distributed.init()
@@ -105,7 +105,7 @@ def main(path: Path, ep: int) -> dict:
     reference = build("cpu")
     full = {key: value.clone() for key, value in reference.state_dict().items()} if world.main else {}
     model = build("cpu" if world.main else "meta")
-    applied = apply(model, mesh=mesh, config=TrainerModelConfig(name="stand-in", ep=ep), world=world)
+    applied = apply(model, mesh=mesh, config=section_model("trainer", "model")(name="stand-in", ep=ep), world=world)
     assert applied.model is model and applied.before_step is not None
     if not world.main:
         model.to_empty(device="cpu")

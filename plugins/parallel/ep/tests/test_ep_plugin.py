@@ -48,9 +48,9 @@ def _model_dir(tmp_path, name, **config):
 
 
 def _trainer_model(**keys):
-    from prime_core.trainer.config import TrainerModelConfig
+    from prime_core.config.checks import section_model
 
-    return TrainerModelConfig(**keys)
+    return section_model("trainer", "model")(**keys)
 
 
 @pytest.fixture

@@ -1,15 +1,17 @@
-"""The fused LM head inside the trainer: with ``trainer.model.fused_lm_head_token_chunk_size``
-a native model returns log-probabilities and entropies computed without the full logits, equal
-(float32) to the vanilla logits path in value and gradient; a model that computes its own
-logits is refused with the fix."""
+"""The ``fused_lm_head`` strategy inside the trainer's build: with
+``trainer.model.fused_lm_head_token_chunk_size`` a native model returns log-probabilities and
+entropies computed without the full logits, equal (float32) to the vanilla logits path in value
+and gradient; a model that computes its own logits is refused with the fix."""
 
 import pytest
 import torch
 
+from prime_core.config.checks import section_model
+from prime_core.distributed import World
 from prime_core.parity import TINY
 from prime_core.plugins import PluginManager
-from prime_core.trainer.config import TrainerModelConfig
-from prime_core.trainer.model import attach_lm_head, predicted_logprobs
+from prime_core.trainer.build import build_policy
+from prime_core.trainer.model import predicted_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -21,11 +23,11 @@ def tiny(tmp_path_factory):
 
 def _build(tiny, impl, chunk):
     manager = PluginManager(autoload=True, disabled=()).load()
-    config = TrainerModelConfig(name=str(tiny), impl=impl, dtype="float32", fused_lm_head_token_chunk_size=chunk)
-    spec = manager.select("model_impls", impl)
-    model = spec.build(config, device="cpu")
-    attach_lm_head(model, config, manager)
-    return model
+    config = section_model("trainer", "model", manager)(name=str(tiny), impl=impl, dtype="float32",
+                                                       fused_lm_head_token_chunk_size=chunk)
+    policy = build_policy(config, manager, World())
+    assert ("fused_lm_head" in policy.applied) == (chunk != "disabled")
+    return policy.model
 
 
 @pytest.mark.parametrize("chunk", [5, "auto"])

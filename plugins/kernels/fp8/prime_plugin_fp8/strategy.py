@@ -1,0 +1,20 @@
+"""The ``fp8`` strategy (``quantization`` slot): convert the blocks' linear layers to FP8.
+
+It runs after LoRA (whose base layers it converts) and before every strategy that wraps or
+shards. Like LoRA it changes what the model computes, so parity references get it too.
+"""
+
+from __future__ import annotations
+
+
+def apply(model, *, config, **_):
+    from prime_core.errors import PluginError
+    from prime_core.plugins import get_plugin_manager
+
+    backend = config.kernels.get("fp8_linear", "auto")
+    key = "trainer.model.kernels.fp8_linear" if "fp8_linear" in config.kernels else "trainer.model.quantization"
+    spec = get_plugin_manager().select("kernels", f"fp8_linear:{backend}", key=key, shown=backend)
+    if not spec.impl(model):
+        raise PluginError("trainer.model.quantization = 'fp8': the model has no block linear layers "
+                          "(q_proj ... down_proj) to convert", hint="unset trainer.model.quantization")
+    return model

@@ -1,0 +1,35 @@
+"""The ac plugin's keys of ``trainer.model``: ``[trainer.model.ac]`` and
+``[trainer.model.ac_offloading]`` (prime-rl's names; an empty table turns either on)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from prime_core.config.base import Section, Toggle
+
+
+class ACConfig(Section):
+    """Activation checkpointing."""
+
+    mode: Literal["full", "selective"] = "full"
+    freq: int = Field(default=1, ge=1)
+    """Checkpoint every ``freq`` blocks (1 = every block)."""
+    targets: list[Literal["norm", "attn_proj", "attention", "mlp_proj", "mlp"]] = Field(
+        default_factory=lambda: ["norm"], min_length=1)
+    """Sub-modules recomputed in ``selective`` mode: ``norm`` (normalisation layers), ``attn_proj``
+    (q/k/v/o projections), ``attention``, ``mlp_proj`` (gate/up/down projections), ``mlp``."""
+
+
+class ACOffloadingConfig(Section):
+    """Offload checkpointed activations to CPU memory."""
+
+    max_inflight_activations: int = Field(default=5, ge=1)
+
+
+class ACKeys(Section):
+    ac: Toggle[ACConfig] = None
+    """Activation checkpointing of the transformer blocks (``full`` or ``selective``)."""
+    ac_offloading: Toggle[ACOffloadingConfig] = None
+    """Keep the activations saved for backward in CPU memory."""
