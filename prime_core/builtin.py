@@ -49,30 +49,6 @@ class RoundRobin:
         pass
 
 
-def _publisher(config=None, **kwargs):
-    from prime_core.weights import FilesystemPublisher
-
-    return FilesystemPublisher(config, **kwargs)
-
-
-def _loader(config=None, **kwargs):
-    from prime_core.weights import FilesystemLoader
-
-    return FilesystemLoader(config, **kwargs)
-
-
-def _grpo(rewards):
-    from prime_core.algorithms import grpo_advantages
-
-    return grpo_advantages(rewards)
-
-
-def _default_loss(*args, **kwargs):
-    from prime_core.algorithms import default_loss
-
-    return default_loss(*args, **kwargs)
-
-
 @hookimpl
 def prime_monitors():
     return [Monitor(name="jsonl", make=JsonlMonitor, description="metrics.jsonl under output_dir")]
@@ -85,14 +61,16 @@ def prime_routers():
 
 @hookimpl
 def prime_weight_transports():
-    return [WeightTransport(name="filesystem", publisher=_publisher, loader=_loader,
+    return [WeightTransport(name="filesystem", publisher="prime_core.weights:FilesystemPublisher",
+                            loader="prime_core.weights:FilesystemLoader",
                             description="safetensors under output_dir/weights/step_N with a STABLE marker")]
 
 
 @hookimpl
 def prime_algorithms():
     return [
-        Algorithm(name="grpo", kind="advantage", fn=_grpo, description="r - mean(r) within each group"),
-        Algorithm(name="default", kind="loss", fn=_default_loss,
+        Algorithm(name="grpo", kind="advantage", fn="prime_core.algorithms:grpo_advantages",
+                  description="r - mean(r) within each group"),
+        Algorithm(name="default", kind="loss", fn="prime_core.algorithms:default_loss",
                   description="importance ratio vs inference logprobs, probability-difference masking, KL term"),
     ]

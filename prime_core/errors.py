@@ -40,12 +40,6 @@ class PluginError(PrimeError):
     exit_code = 2
 
 
-class RoleNotAvailable(PrimeError):
-    """A role exists as a command but this version cannot run it yet."""
-
-    exit_code = 3
-
-
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest candidate, or an empty string."""
     match = difflib.get_close_matches(word, sorted(set(candidates)), n=1, cutoff=0.6)

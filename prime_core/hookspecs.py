@@ -45,19 +45,22 @@ from prime_core.specs import (
 
 @hookspec
 def prime_config_sections() -> Iterable[ConfigSection]:
-    """Add pydantic models to the config schema.
+    """Add the plugin's own keys and tables to the config schema.
 
     Called when a config is loaded or validated (``prime run``, ``prime config ...``, every
     role). Returns ``ConfigSection`` objects; the core mounts each model at its dotted path
-    and validates the user's keys against it (unknown keys refused as everywhere else).
-    Import pydantic inside the hook so importing the plugin stays cheap.
+    (or, with ``merge=True``, adds its keys and validators to the section there) and validates
+    the user's keys against it (unknown keys refused as everywhere else). Give the model as a
+    lazy ``"module:Class"`` reference so importing the plugin stays cheap.
 
     Example::
 
         @hookimpl
         def prime_config_sections():
-            from prime_plugin_slurm.config import SlurmConfig
-            return [ConfigSection(name="slurm", model=SlurmConfig, roots=("rl", "sft"))]
+            return [ConfigSection(name="slurm", model="prime_plugin_slurm.config:SlurmConfig",
+                                  roots=("rl", "sft")),
+                    ConfigSection(name="trainer.model", model="prime_plugin_ep.config:EPKeys",
+                                  merge=True, roots=("rl", "sft"))]
     """
 
 
@@ -77,16 +80,21 @@ def prime_model_impls() -> Iterable[ModelImpl]:
 
 @hookspec
 def prime_parallel_strategies() -> Iterable[ParallelStrategy]:
-    """Provide parallel strategies (``fsdp``, ``ep``, ``cp``, ...).
+    """Provide steps of the trainer's build order (``fsdp``, ``ep``, ``cp``, LoRA, ...).
 
-    Called when the trainer applies its build order; a strategy is used when the config
-    turns it on (``trainer.model.ep > 1`` needs the strategy named ``ep``).
+    Called when the trainer builds its model (every rank) and when a config is checked. Each
+    strategy names its slot of ``prime_core.specs.SLOTS`` and decides from its own keys
+    whether this run enables it; the core applies the enabled one of each slot in order.
 
     Example::
 
         @hookimpl
         def prime_parallel_strategies():
-            return [ParallelStrategy(name="ep", apply=apply_ep, mesh_dims=("ep",))]
+            return [ParallelStrategy(name="ep", slot="expert_parallel",
+                                     apply="prime_plugin_ep.strategy:apply",
+                                     enabled=lambda config, world: config.ep > 1,
+                                     mesh_dims=("dp_mod_ep", "ep"),
+                                     degrees=lambda config: {"ep": config.ep})]
     """
 
 
@@ -213,13 +221,16 @@ def prime_algorithms() -> Iterable[Algorithm]:
 def prime_monitors() -> Iterable[Monitor]:
     """Provide metric sinks (``jsonl``, ``wandb``, ...).
 
-    Called by each role when it starts logging metrics.
+    Called by each role that logs metrics (trainer rank 0, orchestrator, sft rank 0) when it
+    starts. A monitor runs when the config lists it (``monitors = ["jsonl", "NAME"]``) or when
+    its plugin's top-level table ``[NAME]`` is present; ``jsonl`` always runs.
 
     Example::
 
         @hookimpl
         def prime_monitors():
-            return [Monitor(name="wandb", make=WandbMonitor, available=wandb_missing)]
+            return [Monitor(name="wandb", make="prime_plugin_wandb.monitor:WandbMonitor",
+                            available=wandb_missing)]
     """
 
 
@@ -302,8 +313,12 @@ def prime_configure(config: Any, role: str) -> None:
 
 
 @hookspec
-def prime_on_step_end(step: int, metrics: dict[str, float], role: str) -> None:
-    """Called after each training (``trainer``, ``sft``) or orchestration step.
+def prime_on_step_end(step: int, metrics: dict[str, float | int | str], role: str) -> None:
+    """Called after each training (``trainer``, ``sft``) or orchestration step, in the process
+    that logged it (trainer and sft: rank 0), after the monitors.
+
+    ``metrics`` is flat: numbers and strings only; nested values are flattened to
+    ``"outer/inner"`` keys (``env_rewards/reverse_text``). An exception stops the role.
 
     Example::
 

@@ -2,7 +2,8 @@
 
     python -m prime_core.parity MODEL_DIR OUT_DIR CASES.json [--reference] [--save-ckpt] [--load-ckpt]
 
-runs each case (``{"name": ..., "model": {trainer.model keys}, "optim": {...}}``) for
+runs each case (``{"name": ..., "model": {trainer.model keys}, "optim": {...}}``; the model is
+float32 unless the case says otherwise, and ``impl`` is the core's default unless set) for
 ``steps`` optimizer steps on the same deterministic, variable-length packed batches, and
 writes ``OUT_DIR/<name>.pt`` with the losses, gradient norms and final full weights. Run it
 under torchrun for N processes; ``--reference`` builds the plain model instead (one process,
@@ -44,8 +45,7 @@ def run_case(case: dict, model_dir: str, out_dir: Path, *, reference: bool, save
     from prime_core.trainer.step import train_step
 
     manager = get_plugin_manager()
-    model_config = section_model("trainer", "model")(**{"name": model_dir, "impl": "hf", "dtype": "float32",
-                                                         **case.get("model", {})})
+    model_config = section_model("trainer", "model")(**{"name": model_dir, "dtype": "float32", **case.get("model", {})})
     optim_config = OptimConfig(**{"lr": 1e-2, "weight_decay": 0.01, **case.get("optim", {})})
     world.dims = None
     torch.manual_seed(0)

@@ -293,6 +293,17 @@ class PluginManager:
                 self._call_registry(record, reg)
         return {h: s for h, s in record.provides.items() if s}
 
+    def versions(self) -> dict[str, str]:
+        """``{distribution: version}`` of prime-core and every active plugin: what a checkpoint
+        or a published model records about the code that produced it."""
+        from prime_core import __version__
+
+        found = {"prime-core": __version__}
+        for record in self.active():
+            if record.dist:
+                found[record.dist] = record.version or "unknown"
+        return dict(sorted(found.items()))
+
     def status(self) -> list[PluginRecord]:
         """Every plugin with its final status; plugins whose capabilities all report a reason
         are ``unavailable`` (with the first reason)."""
@@ -333,11 +344,17 @@ class PluginManager:
         message = f"{where}: no installed plugin provides {article} {reg.noun} named '{name}'" + did_you_mean(
             name, entries
         )
-        hint = self._inactive_hint(name)
+        hint = self._inactive_hint(name) or self._owner_hint(kind, name)
         raise PluginError(
             f"{message}. Available: {available}",
             hint=hint or "run `prime plugins list` to see what is installed",
         )
+
+    def _owner_hint(self, kind: str, name: str) -> str | None:
+        from prime_core.plugin_index import name_owner, owner_hint
+
+        entry = name_owner(kind, name)
+        return f"it is provided by {owner_hint(entry, self)}" if entry else None
 
     def _inactive_hint(self, name: str) -> str | None:
         """If a disabled or failed plugin might have provided ``name``, say which and why."""
@@ -366,3 +383,19 @@ def set_plugin_manager(manager: PluginManager | None) -> None:
     global _MANAGER
     _MANAGER = manager
 
+
+
+def version_changes(recorded: dict[str, str], current: dict[str, str]) -> list[str]:
+    """What differs between two ``versions()`` records, one line per distribution."""
+    changes = []
+    for dist in sorted(set(recorded) | set(current)):
+        old, new = recorded.get(dist), current.get(dist)
+        if old == new:
+            continue
+        if old is None:
+            changes.append(f"{dist} {new} was not used before")
+        elif new is None:
+            changes.append(f"{dist} {old} is no longer active")
+        else:
+            changes.append(f"{dist} {old} -> {new}")
+    return changes

@@ -166,7 +166,7 @@ class ModelImpl(Spec):
 
 
 SLOTS = ("lm_head", "adapters", "quantization", "expert_parallel", "context_parallel", "checkpointing",
-         "activation_offloading", "compile", "data_parallel")
+         "activation_offloading", "compilation", "data_parallel")
 """The trainer's build order: after the model implementation builds the model, the enabled
 strategy of each slot is applied in this order; then the weights are loaded (or broadcast
 from rank 0) and the optimizer is built."""

@@ -1,10 +1,10 @@
 """The ``filesystem`` weight transport.
 
 The trainer writes ``output_dir/weights/step_N/`` (a Hugging Face checkpoint folder, or a PEFT
-adapter folder for LoRA runs) through
-a temporary name and a rename, then a ``STABLE`` marker; the orchestrator only ever loads
-folders with the marker, so a half-written checkpoint is never served. Old versions are
-pruned, keeping the newest few.
+adapter folder for LoRA runs, plus ``prime_plugins.json``: the distributions and versions of
+prime-core and the plugins that produced it) through a temporary name and a rename, then a
+``STABLE`` marker; the orchestrator only ever loads folders with the marker, so a
+half-written checkpoint is never served. Old versions are pruned, keeping the newest few.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class FilesystemPublisher:
             state_dict.save(tmp)
         else:
             model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        record_plugins(tmp)
         tmp.rename(final)
         (final / MARKER).touch()
         self._prune(step)
@@ -55,6 +56,18 @@ class FilesystemLoader:
     def latest(self) -> tuple[int, Path] | None:
         ready = [(s, p) for s, p in versions(self.root) if (p / MARKER).exists()]
         return max(ready) if ready else None
+
+
+PLUGINS_FILE = "prime_plugins.json"
+
+
+def record_plugins(folder: Path) -> None:
+    """Write which prime-core and plugin versions produced the model in ``folder``."""
+    import json
+
+    from prime_core.plugins import get_plugin_manager
+
+    (Path(folder) / PLUGINS_FILE).write_text(json.dumps(get_plugin_manager().versions(), indent=2) + "\n")
 
 
 def versions(root: Path) -> list[tuple[int, Path]]:

@@ -25,15 +25,6 @@ def test_version(prime_cli, plugin_manager):
     assert result.exit_code == 0 and result.output.startswith("prime-core ")
 
 
-def test_role_without_a_loop_says_so_plainly(plugin_manager, monkeypatch):
-    import prime_core.cli.roles as roles
-    from prime_core.errors import RoleNotAvailable
-
-    monkeypatch.setattr(roles, "load_config", lambda role, tokens: None)
-    with pytest.raises(RoleNotAvailable, match="the evaluator role is not implemented"):
-        roles.run_role("evaluator", [])
-
-
 def test_roles_refuse_a_model_that_is_not_here(prime_cli, plugin_manager, tmp_path):
     result = prime_cli("trainer", "--model.name", str(tmp_path / "missing"))
     assert result.exit_code == 2 and "model folder not found" in result.output
@@ -56,7 +47,8 @@ def test_config_show_formats(prime_cli, plugin_manager):
 def test_config_validate_reports_missing_capabilities(prime_cli, plugin_manager):
     result = prime_cli("config", "validate", "--trainer.model.ep", "8")
     assert result.exit_code == 2
-    assert "trainer.model.ep" in result.output and "unknown key" in result.output
+    assert "trainer.model.ep" in result.output and "unknown key (a key of prime-plugin-ep" in result.output
+    assert "pip install prime-plugin-ep" in result.output
     result = prime_cli("config", "validate", "--orchestrator.env", '[{"id": "reverse_text"}]')
     assert result.exit_code == 2
     assert "orchestrator.env[0].id = 'reverse_text': no installed plugin provides an environment named" in result.output

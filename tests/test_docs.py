@@ -18,6 +18,14 @@ def test_hook_reference_is_current():
     assert docs.current() == docs.reference().strip(), "run: python scripts/plugin_docs.py --write"
 
 
+def test_plugin_index_is_current():
+    spec = importlib.util.spec_from_file_location("plugin_index", ROOT / "scripts" / "plugin_index.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    current = (ROOT / "prime_core" / "plugin_index.json").read_text()
+    assert current == module.render(), "run: python scripts/plugin_index.py --write"
+
+
 def test_every_first_party_plugin_is_a_complete_distribution():
     folders = sorted(p.parent for p in ROOT.glob("plugins/*/*/pyproject.toml"))
     assert len(folders) >= 10

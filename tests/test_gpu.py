@@ -120,8 +120,8 @@ def test_fsdp_with_nccl_matches_one_eager_process(tmp_path):
 
     from prime_core.parity import TINY, check
 
-    cases = [{"name": "fsdp"}, {"name": "ac_offload", "model": {"ac": {}, "ac_offloading": {}}},
-             {"name": "optim_offload", "model": {"optim_cpu_offload": True}}]
+    cases = [{"name": "fsdp", "model": {"impl": "hf"}}, {"name": "ac_offload", "model": {"impl": "hf", "ac": {}, "ac_offloading": {}}},
+             {"name": "optim_offload", "model": {"impl": "hf", "optim_cpu_offload": True}}]
     processes = min(2, torch.cuda.device_count())
     results = check(build_tiny(tmp_path / "tiny", **TINY), tmp_path / "out", cases, processes=processes,
                     rtol=1e-3, atol=1e-4)

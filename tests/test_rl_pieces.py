@@ -155,6 +155,29 @@ def test_checkpoints_and_weights_round_trip(tmp_path):
     assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["step_2", "step_3"]
 
 
+def test_checkpoints_and_weights_record_the_plugins_that_made_them(tmp_path, plugin_manager):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from prime_core.trainer import ckpt
+    from prime_core.weights import PLUGINS_FILE, FilesystemPublisher
+
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16))
+    ckpt.save(tmp_path, 1, model, torch.optim.SGD(model.parameters(), lr=0.1), {})
+    path = tmp_path / "checkpoints" / "step_1"
+    versions = plugin_manager.versions()
+    assert json.loads((path / "progress.json").read_text())["plugins"] == versions and "prime-core" in versions
+    assert ckpt.plugin_changes(path) == []
+    published = FilesystemPublisher(output_dir=tmp_path).publish(model, 1)
+    assert json.loads((published / PLUGINS_FILE).read_text()) == versions
+
+    progress = json.loads((path / "progress.json").read_text())
+    progress["plugins"] = {**versions, "prime-core": "0.0.1", "prime-plugin-gone": "1.0"}
+    (path / "progress.json").write_text(json.dumps(progress))
+    assert ckpt.plugin_changes(path) == [f"prime-core 0.0.1 -> {versions['prime-core']}",
+                                         "prime-plugin-gone 1.0 is no longer active"]
+
+
 def test_metrics_resume_moves_redone_steps_aside(tmp_path):
     path = tmp_path / "metrics.jsonl"
     for step in (1, 2, 3, 4):

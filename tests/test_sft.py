@@ -52,6 +52,7 @@ def test_sft_learns_a_small_dataset(tiny, tmp_path):
 
     AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "model")
     AutoTokenizer.from_pretrained(tmp_path / "out" / "model")
+    assert "prime-plugin-hf" in json.loads((tmp_path / "out" / "model" / "prime_plugins.json").read_text())
 
 
 def test_bad_data_names_the_line(tiny, tmp_path):

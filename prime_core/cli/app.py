@@ -15,26 +15,11 @@ import typer
 from typer.core import TyperGroup
 
 from prime_core import __version__
+from prime_core.cli.common import print_error, print_warning
 from prime_core.errors import PrimeError
 from prime_core.plugins import DISABLED_ENV, PluginManager, get_plugin_manager, set_plugin_manager
 
-# Commands that take config files and `--key value` overrides.
-CONFIG_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 BUILTIN_COMMANDS = ("run", "config", "plugins", "plugin", "trainer", "orchestrator", "inference", "sft")
-
-
-def print_error(exc: PrimeError) -> None:
-    from rich.console import Console
-
-    console = Console(stderr=True, highlight=False, soft_wrap=True)
-    console.print("error:", style="bold red", end=" ")
-    console.print(str(exc), markup=False)
-
-
-def print_warning(text: str) -> None:
-    from rich.console import Console
-
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"warning: {text}", style="yellow", markup=False)
 
 
 class PrimeGroup(TyperGroup):

@@ -9,6 +9,25 @@ from prime_core.plugins import PluginManager, get_plugin_manager
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+    from prime_core.errors import PrimeError
+
+CONFIG_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+"""Click settings of the commands that take config files and ``--key value`` overrides."""
+
+
+def print_error(exc: PrimeError) -> None:
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    console.print("error:", style="bold red", end=" ")
+    console.print(str(exc), markup=False)
+
+
+def print_warning(text: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"warning: {text}", style="yellow", markup=False)
+
 
 def load_config(root: str, tokens: list[str], manager: PluginManager | None = None) -> BaseModel:
     """Parse ``tokens`` (files, ``@ file``, ``--key value``) and return the validated config."""

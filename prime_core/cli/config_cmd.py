@@ -6,8 +6,7 @@ import json
 
 import typer
 
-from prime_core.cli.app import CONFIG_ARGS
-from prime_core.cli.common import load_config
+from prime_core.cli.common import CONFIG_ARGS, load_config
 
 ROOT_HELP = "Which config: rl (prime run), sft, trainer, orchestrator or inference."
 

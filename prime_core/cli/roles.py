@@ -11,8 +11,7 @@ from __future__ import annotations
 import typer
 
 from prime_core import distributed
-from prime_core.cli.app import CONFIG_ARGS
-from prime_core.cli.common import load_config
+from prime_core.cli.common import CONFIG_ARGS, load_config
 
 ROLE_HELP = {
     "trainer": "Train on the batches the orchestrator writes; publish weights.",
@@ -28,11 +27,8 @@ def run_role(role: str, tokens: list[str]) -> int:
     """Load ``role``'s config and run its loop (``prime_core.<role>.role:run``)."""
     import importlib
 
-    from prime_core import __version__
-    from prime_core.errors import RoleNotAvailable
-    from prime_core.plugins import get_plugin_manager
-
     from prime_core.hub import default_offline
+    from prime_core.plugins import get_plugin_manager
 
     default_offline()
     config = load_config(role, tokens)
@@ -41,18 +37,7 @@ def run_role(role: str, tokens: list[str]) -> int:
 
         logging.basicConfig(level=config.log.level.upper(), format=f"%(asctime)s {role} %(levelname)s %(message)s")
     get_plugin_manager().hook.prime_configure(config=config, role=role)
-    try:
-        module = importlib.import_module(f"prime_core.{role}.role")
-    except ModuleNotFoundError as exc:
-        if exc.name not in (f"prime_core.{role}", f"prime_core.{role}.role"):
-            raise
-        # The config and the command exist so that launchers and users can already target
-        # them; say so instead of pretending to run.
-        raise RoleNotAvailable(
-            f"the {role} role is not implemented in prime-core {__version__}: its config loaded and "
-            "validated, but this version has no loop to run it"
-        ) from None
-    return module.run(config)
+    return importlib.import_module(f"prime_core.{role}.role").run(config)
 
 
 def _command(role: str, help_text: str):

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from prime_core.cli.app import CONFIG_ARGS, print_warning
-from prime_core.cli.common import load_config
+from prime_core.cli.common import CONFIG_ARGS, load_config, print_warning
 
 
 def launch(root: str, tokens: list[str]) -> int:

@@ -111,7 +111,7 @@ def resolve_launcher(config: BaseModel, manager: PluginManager) -> str:
     if not chosen:
         raise PluginError(
             "launcher = 'auto': no installed plugin chose a launcher for this config",
-            hint="install prime-plugin-local, or set `launcher` to one listed by `prime plugins list`",
+            hint="set `launcher` to one listed by `prime plugins list`, or install a launcher plugin",
         )
     return chosen
 

@@ -177,11 +177,20 @@ def _apply(data: dict[str, Any], override: Override, provenance: Provenance) -> 
 
 
 def validate(schema: type[BaseModel], data: dict[str, Any], provenance: Provenance | None = None,
-             *, source: str | None = None) -> BaseModel:
+             *, source: str | None = None, root: str | None = None, manager=None) -> BaseModel:
+    """The validated config; every problem at once as a ``ConfigError``. With ``root`` and
+    ``manager``, an unknown key that a known plugin provides names that plugin and the fix."""
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, schema, provenance or {}), source=source) from None
+        owner_of = None
+        if root is not None and manager is not None:
+            from prime_core.plugin_index import key_owner, owner_hint
+
+            def owner_of(key: str) -> str | None:
+                entry = key_owner(root, key)
+                return owner_hint(entry, manager) if entry else None
+        raise ConfigError(format_validation_error(exc, schema, provenance or {}, owner_of), source=source) from None
 
 
 def load(root: str, args: ParsedArgs, *, manager=None, environ: Mapping[str, str] | None = None
@@ -196,7 +205,7 @@ def load(root: str, args: ParsedArgs, *, manager=None, environ: Mapping[str, str
     schema = schema_for(root, manager)
     data, provenance, ignored = gather(args, schema, environ)
     sources = ", ".join(str(p) for _, p in args.files) or None
-    config = validate(schema, data, provenance, source=sources)
+    config = validate(schema, data, provenance, source=sources, root=root, manager=manager)
     # A knobs-only file (the seeds' snippets) is checked against a deployment once it has one.
     if "deployment" in config.model_fields_set:
         problems = degree_problems(config, root, manager)

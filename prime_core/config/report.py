@@ -3,6 +3,7 @@ value came from, what is wrong, and a suggestion."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -47,8 +48,10 @@ def _source(provenance: dict[tuple[str, ...], str], loc: tuple[Any, ...]) -> str
     return ""
 
 
-def format_validation_error(exc: ValidationError, schema: type[BaseModel],
-                            provenance: dict[tuple[str, ...], str]) -> list[str]:
+def format_validation_error(exc: ValidationError, schema: type[BaseModel], provenance: dict[tuple[str, ...], str],
+                            owner_of: Callable[[str], str | None] | None = None) -> list[str]:
+    """One line per problem. ``owner_of(key)`` names the plugin that would provide an unknown
+    key and the fix, when one is known."""
     problems: list[str] = []
     paths = None
     for error in exc.errors(include_url=False):
@@ -61,7 +64,8 @@ def format_validation_error(exc: ValidationError, schema: type[BaseModel],
             parent = model_at(schema, raw_loc[:-1])
             leaf = str(loc[-1])
             siblings = field_names(parent) if parent is not None else set()
-            hint = did_you_mean(leaf, siblings)
+            owner = owner_of(key) if owner_of is not None else None
+            hint = f" (a key of {owner})" if owner else did_you_mean(leaf, siblings)
             if not hint:
                 paths = paths if paths is not None else all_paths(schema)
                 homes = [p for p in paths if p.rsplit(".", 1)[-1] == leaf]

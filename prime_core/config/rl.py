@@ -16,13 +16,11 @@ from pydantic import Field, model_validator
 
 from prime_core.bench import BenchConfig
 from prime_core.config.base import Section, Toggle
-from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, Monitors, WeightBroadcastConfig
+from prime_core.config.shared import ROLES, CkptConfig, LogConfig, ModelRef, Monitors, WeightBroadcastConfig
 from prime_core.inference.config import InferenceConfig
 from prime_core.launch.config import Deployment, SingleNodeDeployment, infer_deployment_type
 from prime_core.orchestrator.config import OrchestratorConfig
 from prime_core.trainer.config import TrainerConfig
-
-ROLES = ("trainer", "orchestrator", "inference")
 
 # shared key -> the roles it propagates to
 SHARED_KEYS: dict[str, tuple[str, ...]] = {

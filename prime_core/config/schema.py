@@ -18,7 +18,8 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from prime_core.config.base import Toggle
-from prime_core.config.rl import ROLES, RLConfig
+from prime_core.config.rl import RLConfig
+from prime_core.config.shared import ROLES
 from prime_core.errors import PluginError
 from prime_core.inference.config import InferenceConfig
 from prime_core.orchestrator.config import OrchestratorConfig

@@ -8,11 +8,20 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from prime_core.config.base import Requires, Section, Selects
+from prime_core.config.base import Section, Selects
+
+ROLES = ("trainer", "orchestrator", "inference")
+"""The role processes of an RL run (``prime run``), each with a config of its own."""
 
 
 def looks_like_local_path(name: str) -> bool:
+    """Whether a model name is meant as a folder here rather than a Hugging Face id."""
     return name.startswith(("/", "./", "../", "~"))
+
+
+def local_folder_missing(name: str) -> bool:
+    """A name that looks like a local folder (``looks_like_local_path``) but is not one."""
+    return looks_like_local_path(str(name)) and not Path(name).expanduser().is_dir()
 
 
 class ModelRef(Section):
@@ -28,7 +37,7 @@ class ModelRef(Section):
     @field_validator("name")
     @classmethod
     def _local_folder_exists(cls, name: str) -> str:
-        if looks_like_local_path(name) and not Path(name).expanduser().exists():
+        if local_folder_missing(name):
             raise ValueError(f"model folder not found: {name}")
         return name
 

@@ -40,7 +40,7 @@ GpuIds = Annotated[list[int] | None, BeforeValidator(_gpu_ids)]
 
 class SingleNodeDeployment(Section):
     """RL on one machine. GPUs are taken in order from ``CUDA_VISIBLE_DEVICES`` (or every GPU):
-    inference first, then the trainer (then a teacher, when a config has one)."""
+    inference first, then the trainer."""
 
     type: Literal["single_node"] = "single_node"
     num_train_gpus: int = Field(default=1, ge=1)

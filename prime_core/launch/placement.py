@@ -2,7 +2,7 @@
 
 GPUs are taken in order from ``CUDA_VISIBLE_DEVICES`` (or every GPU the driver lists, counted
 with ``nvidia-smi -L`` so that torch is never imported): the roles in the order given
-(inference first, then the trainer, then a teacher if the config has one). A request for
+(inference first, then the trainer). A request for
 more GPUs than are visible is refused with the keys that asked and the fix.
 """
 

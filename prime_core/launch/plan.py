@@ -16,13 +16,13 @@ import json
 import os
 import shlex
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from prime_core.config.rl import ROLES
+from prime_core.config.shared import ROLES
+from prime_core.run_dir import atomic_write_text
 
 ROLE_PROCESS_ENV = "PRIME_ROLE_PROCESS"
 """Set to ``1`` in every process a launcher starts: run the role, do not launch again."""
@@ -96,36 +96,6 @@ def python_command(processes: int = 1) -> list[str]:
     if processes > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
     return [sys.executable]
-
-
-def split_devices(counts: dict[str, int], visible: str | None) -> dict[str, str]:
-    """``CUDA_VISIBLE_DEVICES`` per role: the visible GPUs (all of them when unset) in order,
-    ``counts[role]`` each (inference first, as ``deployment`` documents)."""
-    pool = [d for d in (visible or "").split(",") if d.strip()] or [str(i) for i in range(sum(counts.values()))]
-    out, start = {}, 0
-    for role, count in counts.items():
-        out[role] = ",".join(pool[start:start + count])
-        start += count
-    return out
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write through a temporary file and rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def dump_config(config: BaseModel) -> str:
-    return json.dumps(config.model_dump(mode="json"), indent=2) + "\n"
 
 
 def role_config_paths(config: BaseModel, output_dir: Path, root: str = "rl") -> dict[str, Path]:

@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from prime_core.launch.plan import atomic_write_text
+from prime_core.run_dir import atomic_write_text
 
 
 @dataclass

@@ -21,7 +21,7 @@ from prime_core.trainer.build import full_state_dict, start_training
 from prime_core.trainer.fake import fake_samples
 from prime_core.trainer.optim import build_scheduler
 from prime_core.trainer.step import train_step
-from prime_core.weights import Adapter
+from prime_core.weights import Adapter, record_plugins
 
 
 def chat_sample(tokenizer, messages: list[dict]) -> TrainingSample:
@@ -59,18 +59,9 @@ def load_dataset(path: Path, tokenizer) -> list[TrainingSample]:
 
 
 def run(config) -> int:
-    import os
-
     from prime_core import distributed
 
-    from prime_core.launch.config import trainer_processes
-
-    processes, keys = trainer_processes(config.deployment)
-    if processes > 1 and "WORLD_SIZE" not in os.environ:
-        # `prime sft` typed by a user goes through a launcher, which starts the processes.
-        raise ConfigError([f"{keys} asks for {processes} trainer processes but this is one process "
-                           "started without torchrun: run `prime sft CONFIG` (its launcher starts them), "
-                           "or start this command under torchrun"])
+    _refuse_unlaunched_processes(config)
     from prime_core.hub import loading
     from transformers import AutoTokenizer
 
@@ -99,28 +90,22 @@ def run(config) -> int:
     print(f"sft: {len(dataset)} samples, {max_steps} steps of {config.data.batch_size}, model {policy.impl} on "
           f"{world.size} × {world.device}, strategies {', '.join(policy.applied) or 'none'}", flush=True)
 
-    order: list[int] = []
+    batches = _batches(dataset, config.data, rng)
     for step in range(1, max_steps + 1):
-        batch = []
-        while len(batch) < config.data.batch_size:
-            if not order:
-                order = list(range(len(dataset)))
-                if config.data.shuffle:
-                    rng.shuffle(order)
-            batch.append(dataset[order.pop()])
+        batch = next(batches)
         packed = pack(batch, config.seq_len) if config.data.pack else [r for s in batch for r in pack([s], config.seq_len)]
         start = meter.start_step(step) if meter else time.perf_counter()
         sums = train_step(training, [asdict(row) for row in packed], max_norm=config.optim.max_norm)
-        loss, tokens = sums["loss"], sums["tokens"]
         if meter:
             meter.end_step(step, start, sums["rows"])
             if world.main:
-                print(f"bench step {step}/{max_steps}: loss {loss:.4f}", flush=True)
+                print(f"bench step {step}/{max_steps}: loss {sums['loss']:.4f}", flush=True)
             continue
         elapsed = time.perf_counter() - start
         if metrics:
-            metrics.log(step, {"loss": loss, "grad_norm": sums["grad_norm"], "lr": training.scheduler.get_last_lr()[0],
-                               "tokens": tokens, "tokens_per_s": tokens / elapsed, "step_time": elapsed},
+            metrics.log(step, {"loss": sums["loss"], "grad_norm": sums["grad_norm"],
+                               "lr": training.scheduler.get_last_lr()[0], "tokens": sums["tokens"],
+                               "tokens_per_s": sums["tokens"] / elapsed, "step_time": elapsed},
                         show=("loss", "grad_norm", "tokens_per_s"))
         if config.ckpt.interval and step % config.ckpt.interval == 0:
             ckpt.save(config.output_dir, step, policy.model, training.optimizer, {}, world=world,
@@ -128,16 +113,49 @@ def run(config) -> int:
     if meter:
         meter.report()
     else:
-        state = full_state_dict(policy, world)
-        if world.main:
-            final = Path(config.output_dir) / "model"
-            if isinstance(state, Adapter):  # LoRA: the adapter alone (PEFT layout)
-                state.save(final)
-            else:
-                policy.model.save_pretrained(final, state_dict=state, safe_serialization=True)
-            tokenizer.save_pretrained(final)
-            print(f"sft: final model written to {final}", flush=True)
+        _write_model(policy, world, tokenizer, Path(config.output_dir) / "model")
     if metrics:
         metrics.close()
     distributed.shutdown()
     return 0
+
+
+def _refuse_unlaunched_processes(config) -> None:
+    import os
+
+    from prime_core.launch.config import trainer_processes
+
+    processes, keys = trainer_processes(config.deployment)
+    if processes > 1 and "WORLD_SIZE" not in os.environ:
+        # `prime sft` typed by a user goes through a launcher, which starts the processes.
+        raise ConfigError([f"{keys} asks for {processes} trainer processes but this is one process "
+                           "started without torchrun: run `prime sft CONFIG` (its launcher starts them), "
+                           "or start this command under torchrun"])
+
+
+def _batches(dataset: list[TrainingSample], data, rng: random.Random):
+    """``data.batch_size`` samples at a time, through the dataset in (shuffled) epochs."""
+    order: list[int] = []
+    while True:
+        batch = []
+        while len(batch) < data.batch_size:
+            if not order:
+                order = list(range(len(dataset)))
+                if data.shuffle:
+                    rng.shuffle(order)
+            batch.append(dataset[order.pop()])
+        yield batch
+
+
+def _write_model(policy, world, tokenizer, final: Path) -> None:
+    """The trained model (or LoRA adapter) with its tokenizer, in Hugging Face format."""
+    state = full_state_dict(policy, world)  # collective
+    if not world.main:
+        return
+    if isinstance(state, Adapter):  # LoRA: the adapter alone (PEFT layout)
+        state.save(final)
+    else:
+        policy.model.save_pretrained(final, state_dict=state, safe_serialization=True)
+    tokenizer.save_pretrained(final)
+    record_plugins(final)
+    print(f"sft: final model written to {final}", flush=True)

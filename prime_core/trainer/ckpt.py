@@ -1,6 +1,7 @@
 """Checkpoints: ``output_dir/checkpoints/step_N/`` holds the model and optimizer state as a
 torch distributed checkpoint (``state/``, one shard file per rank, loadable at any other world
-size) and ``progress.json``; a ``COMPLETE`` marker is written last, by rank 0 after every rank
+size) and ``progress.json`` (the step, the world size and the distributions and versions of
+prime-core and every plugin that produced it); a ``COMPLETE`` marker is written last, by rank 0 after every rank
 has finished, so a crash mid-save leaves a folder that resuming ignores."""
 
 from __future__ import annotations
@@ -58,7 +59,10 @@ def save(output_dir: Path, step: int, model, optimizer, progress: dict, *, world
         offload.to_host()
     distributed.barrier(world)
     if world.main:
-        (path / "progress.json").write_text(json.dumps({"step": step, "world_size": world.size, **progress}))
+        from prime_core.plugins import get_plugin_manager
+
+        record = {"step": step, "world_size": world.size, "plugins": get_plugin_manager().versions(), **progress}
+        (path / "progress.json").write_text(json.dumps(record))
         (path / MARKER).touch()
         if keep_last:
             for _, old in complete_checkpoints(output_dir)[:-keep_last]:
@@ -83,3 +87,14 @@ def load(path: Path, model, optimizer) -> dict:
     dcp.load(state, checkpoint_id=path / "state")
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return json.loads((path / "progress.json").read_text())
+
+
+def plugin_changes(path: Path) -> list[str]:
+    """How the plugins of this process differ from those that wrote the checkpoint at ``path``."""
+    from prime_core.plugins import get_plugin_manager, version_changes
+
+    try:
+        recorded = json.loads((Path(path) / "progress.json").read_text()).get("plugins")
+    except (OSError, ValueError):
+        return []
+    return version_changes(recorded, get_plugin_manager().versions()) if recorded else []

@@ -57,6 +57,10 @@ def run(config) -> int:
         found = ckpt.complete_checkpoints(config.output_dir)
         if found:
             done, path = found[-1]
+            changes = ckpt.plugin_changes(path)
+            if changes and world.main:
+                print(f"warning: resuming from {path} with other plugins than wrote it: {'; '.join(changes)}",
+                      flush=True)
             ckpt.load(path, policy.model, training.optimizer)
             for _ in range(done):
                 training.scheduler.step()

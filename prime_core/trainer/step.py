@@ -106,7 +106,6 @@ def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, 
     negative log-likelihood (SFT). Returns this rank's sums (reduce them across ranks)."""
     import torch
 
-    from prime_core import distributed
     from prime_core.trainer.model import predicted_logprobs
 
     cp = world.rows_split

@@ -77,64 +77,20 @@ def torch_fused_unavailable() -> str | None:
     return None
 
 
-def _torch_flash(q, k, v, packing, scale):
-    from prime_plugin_flash_attn.torch_kernels import torch_flash
-
-    return torch_flash(q, k, v, packing, scale)
-
-
-def _torch_fused(q, k, v, packing, scale):
-    from prime_plugin_flash_attn.torch_kernels import torch_fused
-
-    return torch_fused(q, k, v, packing, scale)
-
-
-def _prepare_fused(packing) -> None:
-    from prime_plugin_flash_attn.torch_kernels import prepare
-
-    prepare(packing)
-
-
-def _flash_attention_2(q, k, v, packing, scale):
-    from prime_plugin_flash_attn.varlen import flash_attention_2
-
-    return flash_attention_2(q, k, v, packing, scale)
-
-
-def _flash_attention_3(q, k, v, packing, scale):
-    from prime_plugin_flash_attn.varlen import flash_attention_3
-
-    return flash_attention_3(q, k, v, packing, scale)
-
-
-def _prepare(packing) -> None:
-    from prime_plugin_flash_attn.varlen import cu_seqlens
-
-    cu_seqlens(packing)
-
-
-# The native model calls ``attention_fn.prepare(packing)`` once per forward, outside compiled
-# blocks, so that the host sync of ``cu_seqlens`` does not happen inside the first layer's graph.
-_flash_attention_2.prepare = _prepare
-_torch_flash.prepare = _prepare
-_torch_fused.prepare = _prepare_fused
-_flash_attention_3.prepare = _prepare
-
-
 @hookimpl
 def prime_kernels():
     reference = "prime_plugin_custom.layers.sdpa_attention"
     return [
-        Kernel(op="attention", name="flash_attention_2", impl=_flash_attention_2,
+        Kernel(op="attention", name="flash_attention_2", impl="prime_plugin_flash_attn.varlen:flash_attention_2",
                available=flash_attention_2_unavailable, reference=reference,
                description="flash-attention 2 varlen over a packed row's samples (bf16/fp16, GQA, whole rows)"),
-        Kernel(op="attention", name="flash_attention_3", impl=_flash_attention_3,
+        Kernel(op="attention", name="flash_attention_3", impl="prime_plugin_flash_attn.varlen:flash_attention_3",
                available=flash_attention_3_unavailable, reference=reference,
                description="flash-attention 3 (Hopper) varlen over a packed row's samples (bf16/fp16, GQA)"),
-        Kernel(op="attention", name="torch_flash", impl=_torch_flash, available=torch_flash_unavailable,
+        Kernel(op="attention", name="torch_flash", impl="prime_plugin_flash_attn.torch_kernels:torch_flash", available=torch_flash_unavailable,
                reference=reference,
                description="torch's bundled flash-attention 2 varlen kernel: one call per packed row, no extra package"),
-        Kernel(op="attention", name="torch_fused", impl=_torch_fused, available=torch_fused_unavailable,
+        Kernel(op="attention", name="torch_fused", impl="prime_plugin_flash_attn.torch_kernels:torch_fused", available=torch_fused_unavailable,
                reference=reference,
                description="torch's bundled kernels, fastest per row: cuDNN for one sample, flash varlen for packed rows"),
     ]

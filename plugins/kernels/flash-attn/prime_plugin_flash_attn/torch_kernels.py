@@ -92,3 +92,8 @@ def torch_fused(q, k, v, packing, scale):
 def prepare(packing) -> None:
     """Boundaries (one host sync) and the one-sample flag, ahead of the compiled layers."""
     single_sample(packing)
+
+
+# Called once per forward by the native model, outside compiled blocks (see ``varlen``).
+torch_flash.prepare = cu_seqlens
+torch_fused.prepare = prepare

@@ -92,3 +92,9 @@ def flash_attention_3(q, k, v, packing, scale):
     from flash_attn_interface import flash_attn_varlen_func
 
     return _varlen(flash_attn_varlen_func, q, k, v, packing, scale, "flash_attention_3")
+
+
+# The native model calls ``attention_fn.prepare(packing)`` once per forward, outside compiled
+# blocks, so that the host sync of ``cu_seqlens`` does not happen inside the first layer's graph.
+flash_attention_2.prepare = cu_seqlens
+flash_attention_3.prepare = cu_seqlens

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from prime_plugin_flash_attn import plugin
+from prime_plugin_flash_attn import plugin, torch_kernels, varlen
 from prime_plugin_flash_attn.varlen import cu_seqlens, flash_attention_2, flash_attention_3
 
 from prime_core import PLUGIN_API_VERSION
@@ -123,8 +123,8 @@ def test_cu_seqlens_is_computed_once_per_packing():
 
 def test_the_kernels_can_prepare_a_packing_ahead_of_the_layers():
     packing = Packing.from_position_ids(torch.tensor([0, 1, 2, 0]))
-    plugin._flash_attention_2.prepare(packing)
-    assert plugin._flash_attention_3.prepare is plugin._flash_attention_2.prepare
+    varlen.flash_attention_2.prepare(packing)
+    assert varlen.flash_attention_3.prepare is varlen.flash_attention_2.prepare
     packing.segment_ids = None  # the layers must not look at it again
     assert cu_seqlens(packing)[0].tolist() == [0, 3, 4]
 
@@ -161,8 +161,8 @@ def test_torch_fused_marks_one_sample_rows_once():
     from prime_plugin_flash_attn.torch_kernels import single_sample
 
     one, packed = (Packing.from_position_ids(torch.cat([torch.arange(n) for n in lengths])) for lengths in ([9], [4, 5]))
-    plugin._torch_fused.prepare(one)
-    plugin._torch_fused.prepare(packed)
+    torch_kernels.torch_fused.prepare(one)
+    torch_kernels.torch_fused.prepare(packed)
     assert (single_sample(one), single_sample(packed)) == (True, False)
     assert one.cache["torch_fused_single_sample"] is True
 
@@ -291,7 +291,7 @@ def test_the_native_model_runs_on_it(tiny_qwen3, installed_plugins, fake_flash, 
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     flash, sdpa = build(_model_config(tiny_qwen3, "flash_attention_2")), build(_model_config(tiny_qwen3, "sdpa"))
-    assert flash.model.layers[0].self_attn.attention_fn is plugin._flash_attention_2
+    assert flash.model.layers[0].self_attn.attention_fn is varlen.flash_attention_2
     positions = torch.cat([torch.arange(6), torch.arange(10)])[None]
     ids = torch.randint(0, 256, positions.shape, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

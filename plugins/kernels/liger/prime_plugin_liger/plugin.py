@@ -37,37 +37,6 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _rmsnorm(x, weight, eps):
-    from prime_plugin_liger.ops import rmsnorm
-
-    return rmsnorm(x, weight, eps)
-
-
-def _swiglu(gate, up):
-    from prime_plugin_liger.ops import swiglu
-
-    return swiglu(gate, up)
-
-
-def _rope(q, k, cos, sin):
-    from prime_plugin_liger.ops import rope
-
-    return rope(q, k, cos, sin)
-
-
-def _lm_head(hidden, weight, targets, temperature=1.0, *, token_chunk="auto", vocab_chunk=None, with_entropy=True):
-    from prime_plugin_liger.lm_head import liger_logprobs
-
-    return liger_logprobs(hidden, weight, targets, temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk,
-                          with_entropy=with_entropy)
-
-
-def _hf_patch(model, **options):
-    from prime_plugin_liger.hf import apply_to_hf
-
-    return apply_to_hf(model, **options)
-
-
 @hookimpl
 def prime_kernels():
     def kernel(op, impl, reference, description):
@@ -75,13 +44,13 @@ def prime_kernels():
                       description=description)
 
     return [
-        kernel("rmsnorm", _rmsnorm, "prime_plugin_custom.layers.RMSNorm.forward",
+        kernel("rmsnorm", "prime_plugin_liger.ops:rmsnorm", "prime_plugin_custom.layers.RMSNorm.forward",
                "liger Triton RMSNorm: rmsnorm(x [..., H], weight [H], eps)"),
-        kernel("swiglu", _swiglu, "F.silu(gate) * up", "liger Triton SiLU-and-multiply: swiglu(gate, up)"),
-        kernel("rope", _rope, "prime_plugin_custom.layers.apply_rotary on q and k",
+        kernel("swiglu", "prime_plugin_liger.ops:swiglu", "F.silu(gate) * up", "liger Triton SiLU-and-multiply: swiglu(gate, up)"),
+        kernel("rope", "prime_plugin_liger.ops:rope", "prime_plugin_custom.layers.apply_rotary on q and k",
                "liger Triton RoPE: rope(q [L, Hq, D], k [L, Hkv, D], cos [L, D], sin [L, D]) -> (q, k)"),
-        kernel("lm_head", _lm_head, "eager logits + log_softmax (lm_head:fused's contract, no entropy)",
+        kernel("lm_head", "prime_plugin_liger.lm_head:liger_logprobs", "eager logits + log_softmax (lm_head:fused's contract, no entropy)",
                "liger fused linear cross-entropy as per-token log p(target); SFT only (no entropy)"),
-        kernel("hf_patch", _hf_patch, "the unpatched transformers model",
+        kernel("hf_patch", "prime_plugin_liger.hf:apply_to_hf", "the unpatched transformers model",
                "liger's apply_liger_kernel_to_<type> on a transformers model (llama, qwen2, qwen3, qwen3_moe)"),
     ]

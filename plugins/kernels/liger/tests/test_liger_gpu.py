@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from prime_plugin_liger import plugin
+from prime_plugin_liger import lm_head as liger_lm_head
+from prime_plugin_liger import ops, plugin
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(plugin.unavailable_reason() is not None, reason=str(plugin.unavailable_reason()))]
@@ -53,7 +54,7 @@ def test_rmsnorm_matches_the_native_norm(shape, dtype):
     norm = RMSNorm(shape[-1], 1e-6).to("cuda", dtype)
     x_ref, w_ref = _twin(x, weight)
     norm.weight = torch.nn.Parameter(w_ref)
-    out = plugin._rmsnorm(x, weight, 1e-6)
+    out = ops.rmsnorm(x, weight, 1e-6)
     _compare([out], [x, weight], [norm(x_ref)], [x_ref, norm.weight], dtype)
 
 
@@ -62,7 +63,7 @@ def test_rmsnorm_gradient_through_a_residual():
     x = _randn(64, 512)
     weight = torch.ones(512, device="cuda", requires_grad=True)
     x_ref, w_ref = _twin(x, weight)
-    out = x + plugin._rmsnorm(x, weight, 1e-6)
+    out = x + ops.rmsnorm(x, weight, 1e-6)
     h = x_ref.float()
     ref = x_ref + w_ref * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
     _compare([out], [x, weight], [ref], [x_ref, w_ref], torch.float32)
@@ -72,7 +73,7 @@ def test_rmsnorm_gradient_through_a_residual():
 def test_swiglu_matches_silu_times_up(dtype):
     gate, up = _randn(777, 3072, dtype=dtype), _randn(777, 3072, seed=1, dtype=dtype)
     gate_ref, up_ref = _twin(gate, up)
-    _compare([plugin._swiglu(gate, up)], [gate, up], [F.silu(gate_ref) * up_ref], [gate_ref, up_ref], dtype)
+    _compare([ops.swiglu(gate, up)], [gate, up], [F.silu(gate_ref) * up_ref], [gate_ref, up_ref], dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -87,7 +88,7 @@ def test_rope_matches_apply_rotary(heads, kv_heads, dim, dtype):
                                                                       dtype=dtype)
     before = q.detach().clone()
     q_ref, k_ref = _twin(q, k)
-    got = plugin._rope(q, k, cos, sin)
+    got = ops.rope(q, k, cos, sin)
     assert torch.equal(q, before)
     _compare(list(got), [q, k], [apply_rotary(q_ref, cos, sin), apply_rotary(k_ref, cos, sin)], [q_ref, k_ref], dtype)
 
@@ -99,7 +100,7 @@ def test_lm_head_sft_logprobs_and_gradients_match_eager(dtype):
     weight.requires_grad_()
     targets = torch.randint(0, vocab, (n,), device="cuda", generator=torch.Generator(device="cuda").manual_seed(2))
     mask = (torch.arange(n, device="cuda") % 4 != 0).float()
-    logp, entropy = plugin._lm_head(hidden, weight, targets, 1.0, token_chunk="auto", with_entropy=False)
+    logp, entropy = liger_lm_head.liger_logprobs(hidden, weight, targets, 1.0, token_chunk="auto", with_entropy=False)
     assert entropy is None and logp.dtype == torch.float32
 
     h_ref, w_ref = _twin(hidden, weight)

@@ -12,7 +12,7 @@ Runs every role on this machine as child processes.
 - ``prime inference``: the server runs in this process.
 
 GPUs are taken in order from ``CUDA_VISIBLE_DEVICES`` (or every GPU ``nvidia-smi -L``
-lists): inference first, trainer next, teacher last (``prime_core.launch.placement``). The
+lists): inference first, trainer next (``prime_core.launch.placement``). The
 placement is printed before launch and kept in ``configs/plan.json``. When a role fails or
 the user presses Ctrl-C, every role is stopped and the failing one is named with the end of
 its log.
@@ -26,10 +26,6 @@ from prime_core import hookimpl
 from prime_core.specs import Launcher
 
 PRIME_PLUGIN_API = 1
-
-GPU_ROLES = ("inference", "trainer", "teacher")
-"""The roles that take GPUs, in the order they take them."""
-
 
 def _refuse_multi_node(deployment, root: str) -> None:
     from prime_core.errors import PluginError
@@ -64,9 +60,6 @@ def _requests(config, root: str, configs: dict[str, Path]):
     if "inference" in configs:
         out.append(Request("inference", d.num_infer_gpus, "deployment.num_infer_gpus", ids("inference_gpu_ids")))
     out.append(Request("trainer", d.num_train_gpus, "deployment.num_train_gpus", ids("trainer_gpu_ids")))
-    teacher = getattr(config, "teacher", None)
-    if teacher is not None and "teacher" in configs:
-        out.append(Request("teacher", getattr(d, "num_teacher_gpus", 1), "deployment.num_teacher_gpus"))
     return out
 
 
@@ -96,10 +89,10 @@ def _placement_rows(config, root: str, gpus: dict[str, list[str]] | None, config
         rows.append({"role": "orchestrator", "gpus": "-", "processes": 1,
                      "port": "→ " + ", ".join(base if isinstance(base, list) else [base]),
                      "output_dir": str(config.output_dir)})
-    for role in ("trainer", "sft", "teacher"):
+    for role in ("trainer", "sft"):
         if role not in configs or (root == "rl" and role == "sft"):
             continue
-        processes = trainer_processes(config.deployment)[0] if role in ("trainer", "sft") else 1
+        processes = trainer_processes(config.deployment)[0]
         pool = (gpus or {}).get(role)
         rows.append({"role": role, "gpus": ",".join(pool) if pool is not None else "cpu",
                      "processes": processes, "port": "-", "output_dir": str(config.output_dir)})

@@ -28,7 +28,7 @@ _LOG_STREAMS = {  # role -> the latest_* logs the tmux helper follows
 
 
 def _dump(config, path: Path, **changes) -> Path:
-    from prime_core.launch.plan import atomic_write_text
+    from prime_core.run_dir import atomic_write_text
 
     data = config.model_dump(mode="json")
     data.pop("dry_run", None)

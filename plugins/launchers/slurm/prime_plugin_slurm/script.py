@@ -200,7 +200,7 @@ def render(context: dict[str, Any], template_path: Path | None) -> str:
 
 
 def write_executable(path: Path, text: str) -> None:
-    from prime_core.launch.plan import atomic_write_text
+    from prime_core.run_dir import atomic_write_text
 
     atomic_write_text(path, text)
     os.chmod(path, 0o755)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from prime_core.config.shared import local_folder_missing
 from prime_plugin_custom import families
 from prime_plugin_custom.checkpoint import load_hf_weights, resolve_folder
 from prime_plugin_custom.layers import sdpa_attention
@@ -64,7 +65,7 @@ def build(model_config, *, device: str = "cpu") -> CausalLM:
     ``device = "meta"``: the structure only (the core fills it from rank 0); otherwise the
     weights are read from the folder's safetensors and the model is moved to ``device``."""
     name = str(model_config.name)
-    if name.startswith(("/", ".", "~")) and not Path(name).expanduser().is_dir():
+    if local_folder_missing(name):
         raise FileNotFoundError(f"trainer.model.name: model folder not found: {name}")
     config = load_config(name, trust_remote_code=getattr(model_config, "trust_remote_code", False))
     families.family(config)  # refuses what this implementation does not reproduce, naming the fix

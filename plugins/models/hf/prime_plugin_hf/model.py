@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
-
-def load_tokenizer(name: str, *, trust_remote_code: bool = False):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+from prime_core.config.shared import local_folder_missing
 
 
 def build(model_config, *, device: str = "cpu"):
@@ -18,7 +13,7 @@ def build(model_config, *, device: str = "cpu"):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     name = model_config.name
-    if name.startswith(("/", ".", "~")) and not Path(name).expanduser().is_dir():
+    if local_folder_missing(name):
         raise FileNotFoundError(f"trainer.model.name: model folder not found: {name}")
     attn = "sdpa" if model_config.attn in ("sdpa", "auto") else model_config.attn
     if device == "meta":

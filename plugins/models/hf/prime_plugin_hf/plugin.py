@@ -38,15 +38,9 @@ def tiny(
     typer.echo(f"wrote {path}")
 
 
-def _build(model_config, **kwargs):
-    from prime_plugin_hf.model import build
-
-    return build(model_config, **kwargs)
-
-
 @hookimpl
 def prime_model_impls():
-    return [ModelImpl(name="hf", build=_build, supports=lambda hf_config: True, priority=0,
+    return [ModelImpl(name="hf", build="prime_plugin_hf.model:build", supports=lambda hf_config: True, priority=0,
                       description="any transformers causal LM")]
 
 

@@ -10,8 +10,8 @@ import prime_plugin_lora.plugin as plugin
 
 pytest_plugins = ["prime_core.testing"]
 
-CASES = [{"name": "lora", "model": {"lora": {"rank": 4, "alpha": 8}}},
-         {"name": "lora_ac", "model": {"lora": {"rank": 8, "target_modules": ["q_proj", "v_proj"]},
+CASES = [{"name": "lora", "model": {"impl": "hf", "lora": {"rank": 4, "alpha": 8}}},
+         {"name": "lora_ac", "model": {"impl": "hf", "lora": {"rank": 8, "target_modules": ["q_proj", "v_proj"]},
                                        "ac": {"freq": 1}}}]
 
 

@@ -9,11 +9,11 @@ from prime_core.parity import TINY, compare, run
 import prime_plugin_ac.plugin as plugin
 
 CASES = [
-    {"name": "ac_full", "model": {"ac": {"freq": 1}}},
-    {"name": "ac_every_other", "model": {"ac": {"freq": 2}}},
-    {"name": "ac_selective", "model": {"ac": {"mode": "selective", "targets": ["norm", "attn_proj", "mlp_proj"]}}},
-    {"name": "ac_offloading", "model": {"ac": {"freq": 1}, "ac_offloading": {"max_inflight_activations": 1}}},
-    {"name": "offloading_alone", "model": {"ac_offloading": {"max_inflight_activations": 5}}},
+    {"name": "ac_full", "model": {"impl": "hf", "ac": {"freq": 1}}},
+    {"name": "ac_every_other", "model": {"impl": "hf", "ac": {"freq": 2}}},
+    {"name": "ac_selective", "model": {"impl": "hf", "ac": {"mode": "selective", "targets": ["norm", "attn_proj", "mlp_proj"]}}},
+    {"name": "ac_offloading", "model": {"impl": "hf", "ac": {"freq": 1}, "ac_offloading": {"max_inflight_activations": 1}}},
+    {"name": "offloading_alone", "model": {"impl": "hf", "ac_offloading": {"max_inflight_activations": 5}}},
 ]
 
 

@@ -31,6 +31,6 @@ def prime_config_sections():
 
 @hookimpl
 def prime_parallel_strategies():
-    return [ParallelStrategy(name="compile", slot="compile", apply=apply,
+    return [ParallelStrategy(name="compile", slot="compilation", apply=apply,
                              enabled=lambda config, world: config.compile is not None,
                              description="torch.compile of each transformer block")]

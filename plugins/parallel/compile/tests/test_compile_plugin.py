@@ -8,8 +8,8 @@ from prime_core.parity import TINY, check
 
 import prime_plugin_compile.plugin as plugin
 
-CASES = [{"name": "compile", "model": {"compile": {}}},
-         {"name": "compile_ac", "model": {"compile": {}, "ac": {"freq": 1}}}]
+CASES = [{"name": "compile", "model": {"impl": "hf", "compile": {}}},
+         {"name": "compile_ac", "model": {"impl": "hf", "compile": {}, "ac": {"freq": 1}}}]
 
 
 def test_declares_the_plugin_api():

@@ -11,13 +11,13 @@ from prime_core.plugins import PluginManager
 import prime_plugin_fsdp.plugin as plugin
 
 TWO = [
-    {"name": "fsdp"},
-    {"name": "no_reshard", "model": {"reshard_after_forward": False}},
-    {"name": "fsdp_cpu_offload", "model": {"fsdp_cpu_offload": True}},
-    {"name": "optim_cpu_offload", "model": {"optim_cpu_offload": True}},
-    {"name": "ckpt", "steps": 4, "ckpt_step": 2},
+    {"name": "fsdp", "model": {"impl": "hf"}},
+    {"name": "no_reshard", "model": {"impl": "hf", "reshard_after_forward": False}},
+    {"name": "fsdp_cpu_offload", "model": {"impl": "hf", "fsdp_cpu_offload": True}},
+    {"name": "optim_cpu_offload", "model": {"impl": "hf", "optim_cpu_offload": True}},
+    {"name": "ckpt", "model": {"impl": "hf"}, "steps": 4, "ckpt_step": 2},
 ]
-FOUR = [{"name": "fsdp4"}, {"name": "hsdp", "model": {"dp_replicate": 2}}]
+FOUR = [{"name": "fsdp4", "model": {"impl": "hf"}}, {"name": "hsdp", "model": {"impl": "hf", "dp_replicate": 2}}]
 
 
 @pytest.fixture(scope="module")
