@@ -263,9 +263,14 @@ class Launcher(Spec):
 
 @dataclass(frozen=True, kw_only=True)
 class Environment(Spec):
-    """An RL environment: ``load(**args)`` returns an object with tasks and a rubric."""
+    """An RL environment: ``load(**args)`` returns an object with tasks and a rubric.
+
+    ``args``: a pydantic model of ``load``'s keyword arguments, with which ``prime config
+    validate`` checks ``orchestrator.env[i].args`` before anything starts (without it,
+    ``load``'s signature is checked)."""
 
     load: Ref = ref()
+    args: type | str | None = ref(None, compare=False)
 
 
 @dataclass(frozen=True, kw_only=True)
