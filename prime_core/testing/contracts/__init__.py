@@ -57,6 +57,8 @@ def manager_for(plugin: Any = None) -> PluginManager:
     if isinstance(plugin, str):
         plugin = importlib.import_module(plugin)
     manager = fresh_manager()
+    if manager.pm.is_registered(plugin):  # the core's built-in plugin is in every manager
+        return manager
     name = getattr(plugin, "__name__", type(plugin).__name__).split(".")[0].removeprefix("prime_plugin_")
     manager.register(plugin, name=name, check_api=True)
     return manager
