@@ -91,6 +91,14 @@ def check_available(spec: Spec) -> str | None:
     return reason
 
 
+def role_config(root: str, output_dir: Path, *tokens: str):
+    """A root's default config (``trainer``, ``orchestrator``, ``sft``, ...) with ``output_dir``,
+    loaded through the config system as a role process loads it."""
+    from prime_core.cli.common import load_config
+
+    return load_config(root, [*tokens, "--output-dir", str(output_dir)])
+
+
 class Contract:
     """What every suite shares: the registry, the spec under test and the manager holding it."""
 

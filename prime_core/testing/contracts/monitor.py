@@ -31,7 +31,7 @@ from typing import ClassVar
 
 import pytest
 
-from prime_core.testing.contracts import Contract, ContractError, Files, expect
+from prime_core.testing.contracts import Contract, ContractError, Files, expect, role_config
 
 ROLES = ("trainer", "orchestrator", "sft")
 
@@ -43,13 +43,6 @@ STEPS = (
 )
 """What roles log: scalars, an unknown probe (None), non-finite values after a bad step, and
 the orchestrator's per-environment rewards."""
-
-
-def role_config(role: str, output_dir: Path):
-    """The config a role process hands to ``make``: the role's defaults with ``output_dir``."""
-    from prime_core.cli.common import load_config
-
-    return load_config(role, ["--output-dir", str(output_dir)])
 
 
 def make_sink(spec, config, output_dir: Path, role: str):
