@@ -73,12 +73,22 @@ def drop_steps_from(path: Path, role: str, step: int) -> int:
     return len(moved)
 
 
+def configured_monitors(config, manager) -> list[str]:
+    """Monitors a role's config switches on: a plugin's monitor ``N`` is used by every role
+    whose config holds that plugin's own config section ``N`` (``[N]``, ``[trainer.N]``, ...)."""
+    sections = manager.registry("config_sections").values()
+    return [name for name, entry in manager.registry("monitors").items()
+            if getattr(config, name, None) is not None
+            and any(s.plugin == entry.plugin and s.spec.name.rsplit(".", 1)[-1] == name for s in sections)]
+
+
 class MetricsLogger:
     def __init__(self, config, *, role: str, output_dir: Path, monitors: tuple[str, ...] = ("jsonl",)) -> None:
         from prime_core.plugins import get_plugin_manager
 
         manager = get_plugin_manager()
         names = list(monitors) + (["wandb"] if getattr(config, "wandb", None) is not None else [])
+        names += [n for n in configured_monitors(config, manager) if n not in names]
         self.sinks = [manager.select("monitors", n, key="monitors").make(config, output_dir=output_dir, role=role)
                       for n in names]
         self.role = role

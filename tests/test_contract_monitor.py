@@ -101,3 +101,35 @@ def test_a_monitor_that_loses_values_fails(tmp_path):
     with pytest.raises(ContractError, match="step 2 probe_logprob = None was recorded as '\\(missing\\)'"):
         contract.check_recorded(spec(DropsNone), records)
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[2])["loss"] == "nan"
+
+
+def test_a_plugin_monitor_is_switched_on_by_its_own_config_section(register_plugin, tmp_path):
+    from prime_core import PLUGIN_API_VERSION, hookimpl
+    from prime_core.cli.common import load_config
+    from prime_core.config.base import Section
+    from prime_core.metrics import MetricsLogger
+    from prime_core.specs import ConfigSection
+
+    class Sink(JsonlMonitor):
+        pass
+
+    class ProbeConfig(Section):
+        every: int = 1
+
+    class Probe:
+        PRIME_PLUGIN_API = PLUGIN_API_VERSION
+
+        @hookimpl
+        def prime_monitors(self):
+            return [Monitor(name="probe", make=Sink)]
+
+        @hookimpl
+        def prime_config_sections(self):
+            return [ConfigSection(name="trainer.probe", model=ProbeConfig)]
+
+    register_plugin(Probe(), name="probe")
+    on = load_config("trainer", ["--probe.every", "2"])
+    off = load_config("trainer", [])
+    kinds = [type(s) for s in MetricsLogger(on, role="trainer", output_dir=tmp_path).sinks]
+    assert kinds == [JsonlMonitor, Sink]
+    assert [type(s) for s in MetricsLogger(off, role="trainer", output_dir=tmp_path).sinks] == [JsonlMonitor]
