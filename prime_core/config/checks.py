@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from prime_core.config.base import Requires, Selects
 from prime_core.config.env_args import env_args_problems
+from prime_core.config.kernel_choices import kernel_choice_problems
 from prime_core.config.schema import build_schema
 from prime_core.errors import PluginError, did_you_mean
 from prime_core.plugins import REGISTRIES, PluginManager, get_plugin_manager
@@ -110,6 +111,7 @@ def check(config: BaseModel, root: str, manager: PluginManager | None = None) ->
             problems.append(f"required_plugins: plugin '{name}' is not active{why}{did_you_mean(name, active)}")
     problems.extend(_degree_problems(config, root))
     problems.extend(env_args_problems(config, root, manager))
+    problems.extend(kernel_choice_problems(config, root, manager))
     problems.extend(_plugin_validators(config, root, manager))
     return problems
 
