@@ -73,28 +73,32 @@ def drop_steps_from(path: Path, role: str, step: int) -> int:
     return len(moved)
 
 
-def flatten(metrics: dict, prefix: str = "") -> dict[str, float | int | str]:
+def flatten(metrics: dict, prefix: str = "") -> dict[str, float | int | str | None]:
     """Nested dicts as ``"outer/inner"`` keys, so every value a monitor gets is a scalar
-    (``{"env_rewards": {"a": 1.0}}`` -> ``{"env_rewards/a": 1.0}``)."""
-    out: dict[str, float | int | str] = {}
+    (``{"env_rewards": {"a": 1.0}}`` -> ``{"env_rewards/a": 1.0}``); ``None`` means "not
+    measured yet"."""
+    out: dict[str, float | int | str | None] = {}
     for key, value in metrics.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
             out.update(flatten(value, f"{name}/"))
-        elif isinstance(value, bool | int | float | str):
+        elif value is None or isinstance(value, bool | int | float | str):
             out[name] = value
         elif hasattr(value, "item"):  # a 0-d tensor or numpy scalar
             out[name] = value.item()
         else:
-            raise TypeError(f"metric {name!r} is a {type(value).__name__}; metrics are numbers, strings or dicts of them")
+            raise TypeError(f"metric {name!r} is a {type(value).__name__}; metrics are numbers, strings, None or dicts of them")
     return out
 
 
 def selected_monitors(config, manager) -> list[str]:
-    """``jsonl`` (always), then the ``monitors`` list, then every monitor whose plugin's config
-    table (``[NAME]``) is present; each once."""
+    """``jsonl`` (always), then the ``monitors`` list, then every monitor whose own plugin's
+    config section ``N`` is set in this role's config (``[N]``, ``[trainer.N]``); each once."""
     names = ["jsonl", *(getattr(config, "monitors", None) or [])]
-    names += [name for name in manager.registry("monitors") if getattr(config, name, None) is not None]
+    sections = manager.registry("config_sections").values()
+    names += [name for name, entry in manager.registry("monitors").items()
+              if getattr(config, name, None) is not None
+              and any(s.plugin == entry.plugin and s.spec.name.rsplit(".", 1)[-1] == name for s in sections)]
     return list(dict.fromkeys(names))
 
 

@@ -151,12 +151,14 @@ class ConfigSection(Spec):
 
 @dataclass(frozen=True, kw_only=True)
 class ModelImpl(Spec):
-    """Builds a model (on the meta device) for the trainer.
+    """Builds a model for the trainer.
 
-    ``build(model_config, hf_config)`` returns an ``nn.Module``; ``supports(hf_config)`` tells
-    whether ``impl = "auto"`` may pick this implementation for a checkpoint;
-    ``state_dict_adapter`` converts to and from Hugging Face tensor names (``None`` when the
-    module already uses them).
+    ``build(model_config, *, device)`` (``trainer.model``; ``"cpu"`` with the weights of
+    ``model_config.name``, or ``"meta"``) returns an ``nn.Module``; ``supports(hf_config)``
+    tells whether ``impl = "auto"`` may pick this implementation for a checkpoint;
+    ``state_dict_adapter`` converts the state dict to and from Hugging Face tensor names
+    (``to_hf`` / ``from_hf``; ``None`` when the module uses them, or its ``save_pretrained``
+    converts them as transformers models do). The contract: ``contracts.model_impl``.
     """
 
     build: Ref = ref()
@@ -311,9 +313,14 @@ class Launcher(Spec):
 
 @dataclass(frozen=True, kw_only=True)
 class Environment(Spec):
-    """An RL environment: ``load(**args)`` returns an object with tasks and a rubric."""
+    """An RL environment: ``load(**args)`` returns an object with tasks and a rubric.
+
+    ``args``: a pydantic model of ``load``'s keyword arguments, with which ``prime config
+    validate`` checks ``orchestrator.env[i].args`` before anything starts (without it,
+    ``load``'s signature is checked)."""
 
     load: Ref = ref()
+    args: type | str | None = ref(None, compare=False)
 
 
 @dataclass(frozen=True, kw_only=True)

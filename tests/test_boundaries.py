@@ -18,12 +18,14 @@ CORE = Path(__file__).resolve().parents[1] / "prime_core"
 # as an identifier; short generic ones only as a whole string ("ep", "local", ...).
 DISTINCT = {"fsdp", "deepep", "deep_ep", "liger", "vllm", "slurm", "torchrun", "flash_attn", "flash_attention_2",
             "flash_attention_3", "fp8", "fused_lm_head", "reverse_text", "arithmetic", "wandb", "tensorboard"}
-WHOLE = {"ep", "cp", "ac", "ac_offloading", "hf", "custom", "local", "compile", "lora", "tasks", "torch_flash",
+WHOLE = {"ep", "cp", "ac", "ac_offloading", "hf", "custom", "local", "compile", "lora", "torch_flash",
          "torch_fused", "deep_gemm"}
 ALLOWED = {
     # PyTorch's own launcher CLI (`python -m torch.distributed.run`), which the core uses to start
     # several trainer processes, shown to users under its usual name; not the torchrun plugin.
     ("launch/plan.py", "torchrun"), ("sft/role.py", "torchrun"),
+    # PEFT's own adapter format constant (peft_type = "LORA"), which published adapters carry.
+    ("testing/contracts/weight_transport.py", "lora"),
 }
 
 

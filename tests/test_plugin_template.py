@@ -1,4 +1,5 @@
-"""`prime plugin new` writes a plugin that installs, is listed, and whose hooks the core calls."""
+"""`prime plugin new` writes a plugin that installs, is listed, and whose hooks the core calls;
+``--kind`` writes one of every kind that a config selects and that passes its contract suite."""
 
 import json
 import os
@@ -38,6 +39,70 @@ def test_new_plugin_installs_and_works(prime_cli, plugin_manager, tmp_path):
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(project / "tests")],
                            capture_output=True, text=True, env=env, cwd=tmp_path)
     assert tests.returncode == 0, tests.stdout + tests.stderr
+
+
+KINDS = ("environment", "monitor", "launcher", "kernel", "model_impl", "weight_transport", "algorithm")
+
+
+def install_as_dist_info(project, site):
+    """What ``pip install`` leaves for discovery: the package, and a ``.dist-info`` whose entry
+    points are the ones the generated ``pyproject.toml`` declares."""
+    import shutil
+    import tomllib
+
+    meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    info = site / f"{meta['name'].replace('-', '_')}-{meta['version']}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {meta['name']}\nVersion: {meta['version']}\n")
+    points = meta["entry-points"]["prime.plugins"]
+    (info / "entry_points.txt").write_text("[prime.plugins]\n" + "".join(f"{k} = {v}\n" for k, v in points.items()))
+    for package in project.glob("prime_plugin_*"):
+        shutil.copytree(package, site / package.name)
+
+
+@pytest.mark.slow  # ~30 s on 2 idle cores: seven generated plugins' own tests, contract suites included
+def test_every_kind_is_listed_selected_and_passes_its_contract_suite(prime_cli, plugin_manager, tmp_path):
+    site = tmp_path / "site"
+    for kind in KINDS:
+        result = prime_cli("plugin", "new", f"my-{kind}", "--kind", kind, "--dir", str(tmp_path))
+        assert result.exit_code == 0, result.output
+        install_as_dist_info(tmp_path / f"prime-plugin-my-{kind.replace('_', '-')}", site)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PRIME_DISABLE_PLUGIN_AUTOLOAD", None)
+
+    def prime(*args):
+        return subprocess.run([sys.executable, "-m", "prime_core", *args], capture_output=True, text=True, env=env,
+                              check=False)
+
+    listed = {p["name"]: p for p in json.loads(prime("plugins", "list", "--json").stdout)["plugins"]}
+    keys = {"kernel": ("kernels", "swiglu:my_kernel"), "algorithm": ("algorithms", "advantage:my_algorithm")}
+    for kind in KINDS:
+        row = listed[f"my_{kind}"]
+        assert (row["status"], row["distribution"]) == ("active", f"prime-plugin-my-{kind.replace('_', '-')}")
+        registry, key = keys.get(kind, (kind + "s", f"my_{kind}"))
+        assert key in [spec["name"] for spec in row["provides"][registry]], row
+
+    selected = ["--launcher", "my_launcher", "--trainer.model.impl", "my_model_impl",
+                "--trainer.model.kernels", '{"swiglu": "my_kernel"}', "--weight-broadcast.type", "my_weight_transport",
+                "--orchestrator.advantage.type", "my_algorithm", "--trainer.my-monitor.every", "2",
+                "--orchestrator.env", '[{"id": "my_environment", "args": {"min_len": 2}}]']
+    valid = prime("config", "validate", *selected)
+    assert valid.returncode == 0, valid.stdout + valid.stderr
+    bad = prime("config", "validate", *selected[:-1], '[{"id": "my_environment", "args": {"min_lne": 2}}]')
+    assert bad.returncode == 2 and "orchestrator.env[0].args.min_lne: environment 'my_environment' has no argument " \
+        "'min_lne' (did you mean 'min_len'?)" in " ".join(bad.stderr.split())
+
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=importlib",
+                            *[str(p / "tests") for p in sorted(tmp_path.glob("prime-plugin-*"))]],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, check=False)
+    assert tests.returncode == 0, tests.stdout[-5000:] + tests.stderr[-2000:]
+    assert " failed" not in tests.stdout and " passed" in tests.stdout
+
+
+def test_an_unknown_kind_is_refused(prime_cli, plugin_manager, tmp_path):
+    result = prime_cli("plugin", "new", "thing", "--kind", "router", "--dir", str(tmp_path))
+    assert result.exit_code == 1 and "--kind 'router' is not a plugin kind the template knows" in result.output
+    assert not (tmp_path / "prime-plugin-thing").exists()
 
 
 @pytest.mark.parametrize("name", ["Bad", "9lives", "a b", "x-"])

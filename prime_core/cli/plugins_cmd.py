@@ -90,9 +90,11 @@ def register(app: typer.Typer) -> None:
     def new_plugin(
         name: str = typer.Argument(..., help="Short plugin name, e.g. 'my-monitor'."),
         directory: Path = typer.Option(Path("."), "--dir", help="Where to create prime-plugin-NAME/."),
+        kind: str = typer.Option("generic", "--kind", help="generic (a config section and a command), environment, "
+                                 "monitor, launcher, kernel, model_impl, weight_transport or algorithm."),
     ) -> None:
         """Create an installable plugin from the template (pip install -e it, then `prime plugins list`)."""
         from prime_core.plugin_template import create_plugin
 
-        path = create_plugin(name, directory)
-        typer.echo(f"created {path}\nnext: pip install -e {path} && prime plugins list")
+        path = create_plugin(name, directory, kind)
+        typer.echo(f"created {path}\nnext: pip install -e {path} && prime plugins list && pytest {path / 'tests'}")

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from prime_core.config.base import Requires, Selects
+from prime_core.config.env_args import env_args_problems
 from prime_core.config.schema import build_schema
 from prime_core.errors import PluginError, did_you_mean
 from prime_core.plugins import REGISTRIES, PluginManager, get_plugin_manager
@@ -77,9 +78,14 @@ def _check_select(manager: PluginManager, key: str, value: Any, marker: Selects)
     return problems
 
 
-def _check_one(manager: PluginManager, key: str, value: Any, marker: Selects | Requires) -> str | None:
+def _check_one(manager: PluginManager, key: str, value: Any, marker: Selects | Requires) -> list[str]:
     if isinstance(marker, Selects):
-        return "; ".join(_check_select(manager, key, value, marker)) or None
+        return _check_select(manager, key, value, marker)
+    problem = _check_requires(manager, key, value, marker)
+    return [problem] if problem else []
+
+
+def _check_requires(manager: PluginManager, key: str, value: Any, marker: Requires) -> str | None:
     entries = manager.registry(marker.registry)
     noun = REGISTRIES[marker.registry].noun
     setting = f"[{key}]" if isinstance(value, BaseModel) else f"{key} = {value!r}"  # a table: just "is on"
@@ -121,9 +127,7 @@ def check(config: BaseModel, root: str, manager: PluginManager | None = None) ->
     manager = manager or get_plugin_manager()
     problems: list[str] = []
     for key, value, marker in _walk(config):
-        problem = _check_one(manager, key, value, marker)
-        if problem:
-            problems.append(problem)
+        problems.extend(_check_one(manager, key, value, marker))
     if hasattr(config, "launcher"):
         try:
             manager.select("launchers", resolve_launcher(config, manager), key="launcher")
@@ -136,6 +140,7 @@ def check(config: BaseModel, root: str, manager: PluginManager | None = None) ->
             why = f": {known[name].status}, {known[name].reason}" if name in known else " (not installed)"
             problems.append(f"required_plugins: plugin '{name}' is not active{why}{did_you_mean(name, active)}")
     problems.extend(_degree_problems(config, root, manager))
+    problems.extend(env_args_problems(config, root, manager))
     problems.extend(_plugin_validators(config, root, manager))
     return problems
 

@@ -59,8 +59,10 @@ def _arithmetic(**args):
 @hookimpl
 def prime_environments():
     return [
-        Environment(name="reverse_text", load=_reverse_text, description="reverse a random string"),
-        Environment(name="arithmetic", load=_arithmetic, description="add random integers"),
+        Environment(name="reverse_text", load=_reverse_text, args="prime_plugin_tasks.args:ReverseTextArgs",
+                    description="reverse a random string"),
+        Environment(name="arithmetic", load=_arithmetic, args="prime_plugin_tasks.args:ArithmeticArgs",
+                    description="add random integers"),
     ]
 
 

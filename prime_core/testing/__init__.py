@@ -20,6 +20,13 @@ Fixtures:
   ``discover()``.
 - ``prime_cli(*args, env=None)``: run the ``prime`` CLI in-process against the test's
   manager; returns click's ``Result`` (``exit_code``, ``output``, ``stdout``, ``stderr``).
+
+Contract suites, one per plugin kind, live in ``prime_core.testing.contracts`` (imported only
+by the tests that use them): subclass ``EnvironmentContract``, ``KernelContract``, ... in a
+plugin's ``tests/test_contract.py`` and pytest runs the kind's documented contract against it.
+
+PYTEST_DONT_REWRITE: a test module importing a suite imports this package before pytest loads
+it as a plugin, too late for assertion rewriting, which it does not need (it asserts nothing).
 """
 
 from __future__ import annotations
@@ -118,8 +125,8 @@ def fake_distribution(tmp_path, monkeypatch) -> Callable:
 
 @pytest.fixture
 def prime_cli(monkeypatch) -> Callable:
-    from typer.main import get_command
     from click.testing import CliRunner
+    from typer.main import get_command
 
     from prime_core.cli.app import build_app
     from prime_core.plugins import get_plugin_manager

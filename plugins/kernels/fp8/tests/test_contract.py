@@ -1,0 +1,24 @@
+"""The fp8_linear kernels meet the kernel contract (prime_core.testing.contracts.kernel):
+against float64 within FP8's error, and against their declared reference, the emulated
+backend. deep_gemm and torch need a CUDA GPU and skip with the reason elsewhere."""
+
+from prime_core.testing.contracts.kernel import KernelContract
+
+
+class TestEmulated(KernelContract):
+    name = "fp8_linear:emulated"
+    plugin = "prime_plugin_fp8.plugin"
+    dtypes = ("float32", "bfloat16")
+
+
+class TestAuto(TestEmulated):
+    name = "fp8_linear:auto"
+
+
+class TestTorch(TestEmulated):
+    name = "fp8_linear:torch"
+
+
+class TestDeepGemm(TestEmulated):
+    name = "fp8_linear:deep_gemm"
+    dtypes = ("bfloat16",)
