@@ -1,76 +1,87 @@
 """prime-plugin-fsdp: FSDP, HSDP and both CPU offloads match a single eager process over
-several optimizer steps (gloo, 2 and 4 processes), and sharded checkpoints load at another
-world size."""
+several optimizer steps (gloo, 2 and 4 processes), through the parallel-strategy contract
+suite, and sharded checkpoints load at another world size."""
+
+import shutil
 
 import pytest
 
-from prime_core import PLUGIN_API_VERSION
-from prime_core.parity import TINY, compare, run
-from prime_core.plugins import PluginManager
-
 import prime_plugin_fsdp.plugin as plugin
+from prime_core import PLUGIN_API_VERSION
+from prime_core.parity import compare, run
+from prime_core.testing.contracts.parallel_strategy import ParallelStrategyContract
 
-TWO = [
-    {"name": "fsdp", "model": {"impl": "hf"}},
-    {"name": "no_reshard", "model": {"impl": "hf", "reshard_after_forward": False}},
-    {"name": "fsdp_cpu_offload", "model": {"impl": "hf", "fsdp_cpu_offload": True}},
-    {"name": "optim_cpu_offload", "model": {"impl": "hf", "optim_cpu_offload": True}},
-    {"name": "ckpt", "model": {"impl": "hf"}, "steps": 4, "ckpt_step": 2},
-]
-FOUR = [{"name": "fsdp4", "model": {"impl": "hf"}}, {"name": "hsdp", "model": {"impl": "hf", "dp_replicate": 2}}]
+pytest_plugins = ["prime_core.testing"]
 
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from prime_plugin_hf.tiny import build_tiny
-
-    return build_tiny(tmp_path_factory.mktemp("m") / "tiny", **TINY)
-
-
-@pytest.fixture(scope="module")
-def results(tiny, tmp_path_factory):
-    out = tmp_path_factory.mktemp("parity")
-    run(tiny, out, TWO + FOUR, reference=True)
-    run(tiny, out, TWO, processes=2, save_ckpt=True)
-    run(tiny, out, FOUR, processes=4)
-    return out
+HF = {"impl": "hf"}
+FOUR = [{"name": "fsdp4", "model": HF}, {"name": "hsdp", "model": {**HF, "dp_replicate": 2}}]
 
 
 def test_declares_the_plugin_api():
     assert plugin.PRIME_PLUGIN_API == PLUGIN_API_VERSION
 
 
-def test_registers_the_fsdp_strategy():
-    manager = PluginManager(autoload=True, disabled=()).load()
-    spec = manager.select("parallel_strategies", "fsdp")
-    assert spec.mesh_dims == ("dp_replicate", "dp_shard")
+class TestFSDP(ParallelStrategyContract):
+    name = "fsdp"
+    on_by_default = True  # bf16 compute under fp32 master weights: FSDP's mixed precision
+    cases = [
+        {"name": "fsdp", "model": HF},
+        {"name": "no_reshard", "model": {**HF, "reshard_after_forward": False}},
+        {"name": "fsdp_cpu_offload", "model": {**HF, "fsdp_cpu_offload": True}},
+        {"name": "optim_cpu_offload", "model": {**HF, "optim_cpu_offload": True}},
+    ]
 
+    def test_off_for_one_process_in_its_master_dtype(self, spec, manager):
+        from prime_core.distributed import World
+        from prime_core.testing.contracts.parallel_strategy import check_enabled, model_config
 
-@pytest.mark.parametrize("case", TWO + FOUR, ids=lambda c: c["name"])
-def test_matches_a_single_process(results, case):
-    import torch
+        check_enabled(spec, model_config(manager, dtype="float32"), World(), False,
+                      "for one float32 process (it would only copy every weight once more)")
 
-    worst = compare(results / f"{case['name']}.reference.pt", results / f"{case['name']}.pt")
-    got = torch.load(results / f"{case['name']}.pt", weights_only=False)
-    assert "fsdp" in got["applied"] and got["world_size"] in (2, 4)
-    assert worst["weight"] < 2e-5
-
-
-def test_checkpoint_from_two_processes_resumes_in_one_and_in_four(tiny, results, tmp_path):
-    """Steps 1-2 on 2 ranks, saved; steps 3-4 after loading it on 1 rank and on 4 ranks."""
-    import shutil
-
-    case = [c for c in TWO if c["name"] == "ckpt"]
-    for processes in (1, 4):
-        out = tmp_path / str(processes)
-        shutil.copytree(results / "ckpt", out / "ckpt")
-        run(tiny, out, case, processes=processes, load_ckpt=True)
+    def test_four_processes_and_hsdp(self, model_dir, tmp_path):
         import torch
 
-        ref = torch.load(results / "ckpt.reference.pt", weights_only=False)
-        got = torch.load(out / "ckpt.pt", weights_only=False)
-        assert got["world_size"] == processes and len(got["losses"]) == 2
+        run(model_dir, tmp_path, FOUR, reference=True)
+        run(model_dir, tmp_path, FOUR, processes=4)
+        for case in FOUR:
+            compare(tmp_path / f"{case['name']}.reference.pt", tmp_path / f"{case['name']}.pt")
+            assert torch.load(tmp_path / f"{case['name']}.pt", weights_only=False)["world_size"] == 4
+
+    def test_checkpoint_from_two_processes_resumes_in_four(self, runs, model_dir, tmp_path):
+        import torch
+
+        out, cases = runs
+        case = cases[0]
+        shutil.copytree(out / case["name"], tmp_path / case["name"])
+        run(model_dir, tmp_path, [case], processes=4, load_ckpt=True)
+        ref = torch.load(out / f"{case['name']}.reference.pt", weights_only=False)
+        got = torch.load(tmp_path / f"{case['name']}.pt", weights_only=False)
+        assert got["world_size"] == 4 and len(got["losses"]) == 2
         for a, b in zip(ref["losses"][2:], got["losses"], strict=True):
             assert abs(a - b) < 1e-4 * abs(a) + 2e-5
         for key, value in ref["state"].items():
             assert torch.allclose(value, got["state"][key], rtol=1e-4, atol=2e-5), key
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"fsdp_cpu_offload": True, "optim_cpu_offload": True}, "mutually exclusive"),
+])
+def test_its_keys_are_checked(installed_plugins, keys, message):
+    from prime_core.cli.common import load_config
+    from prime_core.errors import ConfigError
+
+    args = [token for key, value in keys.items() for token in (f"--trainer.model.{key}", str(value).lower())]
+    with pytest.raises(ConfigError, match=message):
+        load_config("rl", args)
+
+
+def test_nodes_per_fsdp_group_sets_dp_replicate(installed_plugins):
+    from prime_core.cli.common import load_config
+    from prime_core.errors import ConfigError
+
+    base = ["--deployment.num-train-nodes", "4", "--deployment.gpus-per-node", "2"]
+    assert load_config("rl", [*base, "--deployment.nodes-per-fsdp-group", "2"]).trainer.model.dp_replicate == 2
+    with pytest.raises(ConfigError, match="nodes_per_fsdp_group = 3 does not divide"):
+        load_config("rl", [*base, "--deployment.nodes-per-fsdp-group", "3"])
+    with pytest.raises(ConfigError, match="dp_replicate = 4 but deployment.nodes_per_fsdp_group = 2"):
+        load_config("rl", [*base, "--deployment.nodes-per-fsdp-group", "2", "--trainer.model.dp-replicate", "4"])
