@@ -264,6 +264,22 @@ def test_role_stops_an_unhealthy_server_and_raises(fake_backend, tmp_path):
     assert fake_backend[1][0].calls[-1] == "stop"
 
 
+def test_role_serves_one_replica_and_refuses_the_config_of_several(fake_backend, tmp_path):
+    from prime_core.inference.role import run
+
+    with pytest.raises(PrimeError, match=r"(?s)parallel.dp = 2: one inference role process serves one replica.*"
+                                         r"configs/inference_0.json"):
+        run(make_config(tmp_path, backend="fake", parallel={"dp": 2}))
+    assert fake_backend[1] == [], "nothing was started"
+
+
+def test_role_picks_the_backend_with_the_highest_priority_for_auto(fake_backend, tmp_path, capsys):
+    from prime_core.inference.role import run
+
+    assert run(make_config(tmp_path)) == 0  # backend = "auto": the fake one is the only one here
+    assert "starting fake (auto: the available backend with the highest priority) server" in capsys.readouterr().out
+
+
 def test_role_names_a_missing_backend(plugin_manager, tmp_path):
     from prime_core.inference.role import run
 
