@@ -84,8 +84,8 @@ def prime_routers():
 
 
 def _auto_backends(config, root: str):
-    """(key, value) of every ``backend = "auto"`` in a config: ``auto`` is resolved when a
-    role starts, so that the check below is what a run would meet."""
+    """The key of every ``backend = "auto"`` in a config. ``auto`` is resolved when a role
+    starts; checking it here stops a run that would fail there before anything starts."""
     sections = {"rl": (("inference", getattr(config, "inference", None)),
                        ("orchestrator.client", getattr(getattr(config, "orchestrator", None), "client", None))),
                 "inference": (("", config),),

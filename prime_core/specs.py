@@ -250,8 +250,8 @@ class InferenceBackend(Spec):
     - ``async sample(request: SampleRequest) -> list[Sample]``: ``request.n`` samples of the
       prompt (``prime_core.inference.client``: token ids in; token ids, their sampling
       log-probabilities, finish reason and text out), from the weights of the newest
-      ``load_weights`` that returned. Transient connection failures are the client's to
-      retry; what remains is raised.
+      ``load_weights`` that returned (before any: those the server started with). Transient
+      connection failures are the client's to retry; what remains is raised.
     - ``async load_weights(step: int, path: str) -> str | None``: serve the policy the trainer
       published for ``step`` in the folder ``path`` (on a filesystem the server shares): full
       Hugging Face weights, or a PEFT LoRA adapter (``adapter_config.json`` in the folder).
