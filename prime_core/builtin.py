@@ -34,7 +34,7 @@ class JsonlMonitor:
 
 
 class RoundRobin:
-    """Sends each request to the next replica in turn."""
+    """Sends each request to the next replica in turn (outcomes do not change the order)."""
 
     def __init__(self, urls) -> None:
         self.urls = list(urls)
@@ -45,7 +45,7 @@ class RoundRobin:
         self._next += 1
         return url
 
-    def done(self, url: str) -> None:
+    def done(self, url: str, *, ok: bool = True, latency: float = 0.0) -> None:
         pass
 
 
@@ -57,6 +57,31 @@ def prime_monitors():
 @hookimpl
 def prime_routers():
     return [Router(name="round_robin", make=RoundRobin, description="each request to the next replica")]
+
+
+def _auto_backends(config, root: str):
+    """The key of every ``backend = "auto"`` in a config. ``auto`` is resolved when a role
+    starts; checking it here stops a run that would fail there before anything starts."""
+    sections = {"rl": (("inference", getattr(config, "inference", None)),
+                       ("orchestrator.client", getattr(getattr(config, "orchestrator", None), "client", None))),
+                "inference": (("", config),),
+                "orchestrator": (("client", getattr(config, "client", None)),)}.get(root, ())
+    for prefix, section in sections:
+        if section is not None and getattr(section, "backend", None) == "auto":
+            yield f"{prefix}.backend" if prefix else "backend"
+
+
+@hookimpl
+def prime_validate_config(config, root):
+    from prime_core.errors import PluginError
+    from prime_core.inference.backend import select_backend
+
+    for key in _auto_backends(config, root):
+        try:
+            select_backend("auto", key=key)
+        except PluginError as exc:
+            yield str(exc)
+            return  # one message is enough: every key fails the same way
 
 
 @hookimpl

@@ -130,15 +130,20 @@ def prime_kernels() -> Iterable[Kernel]:
 
 @hookspec
 def prime_inference_backends() -> Iterable[InferenceBackend]:
-    """Provide inference servers, selected by ``inference.backend``.
+    """Provide inference engines: a server and the client the orchestrator samples through.
 
-    Called by the ``inference`` role and by launchers that start it.
+    Selected by ``inference.backend`` and ``orchestrator.client.backend`` (``auto``: the
+    available backend with the highest ``priority``). Called by the ``inference`` role (to
+    start the server), by the orchestrator (one client per replica URL: ``sample``,
+    ``health``, ``load_weights``, ``close``) and by ``prime config validate``. The full call
+    contract is the docstring of ``prime_core.specs.InferenceBackend``.
 
     Example::
 
         @hookimpl
         def prime_inference_backends():
-            return [InferenceBackend(name="vllm", server=VLLMServer, admin=VLLMAdmin)]
+            return [InferenceBackend(name="vllm", server="prime_plugin_vllm.server:VLLMServer",
+                                     client="prime_plugin_vllm.client:VLLMClient", priority=10)]
     """
 
 
@@ -146,7 +151,10 @@ def prime_inference_backends() -> Iterable[InferenceBackend]:
 def prime_routers() -> Iterable[Router]:
     """Provide request routers across inference replicas (``round_robin``, ...).
 
-    Called by the orchestrator when it builds its inference client.
+    Selected by ``orchestrator.client.router``; called by the orchestrator when it starts.
+    ``make(urls)`` returns an object whose ``pick(request) -> url`` chooses a replica for a
+    ``SampleRequest`` and whose ``done(url, ok=..., latency=...)`` is called after every
+    request, successful or not (``prime_core.specs.Router``).
 
     Example::
 

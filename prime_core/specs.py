@@ -274,25 +274,74 @@ class Kernel(Spec):
 
 @dataclass(frozen=True, kw_only=True)
 class InferenceBackend(Spec):
-    """An inference server (``inference.backend``, ``orchestrator.client.backend``).
+    """An inference engine: the server the ``inference`` role runs, and the client the
+    orchestrator samples and loads weights through. Selected by ``inference.backend`` and
+    ``orchestrator.client.backend``; ``"auto"`` (the default of both) takes the backend with
+    the highest ``priority`` among those whose ``available()`` passes (ties by name).
 
-    ``server(config)`` (config: the ``inference`` section) returns the process manager the
-    ``inference`` role runs: ``start()``, ``wait_healthy(timeout)``, ``wait() -> exit code``,
-    ``stop()``, ``base_url``. ``admin(base_url)`` returns the client the orchestrator uses on
-    a running server: ``health() -> bool``, ``update_weights(path)`` (load a Hugging Face
-    checkpoint folder into the live server), ``reset_prefix_cache()`` and, for LoRA runs,
-    ``load_adapter(name, path)`` / ``unload_adapter(name)`` (serve a PEFT adapter folder under
-    a model name).
+    ``server(config)`` is called in the ``inference`` role process (main thread) with that
+    role's config, which describes ONE replica: ``parallel.dp`` is 1 there, because launchers
+    start one ``prime inference`` process per replica (``prime_core.inference.replicas``). It
+    returns the process manager the role drives: ``start()``; ``wait_healthy(timeout: float)``,
+    raising ``PrimeError`` when the server dies or is not healthy in time; ``wait() -> int``,
+    the server's exit code (negative: killed by that signal); ``stop()``, idempotent, also
+    after a failed start; ``base_url: str`` and optionally ``log_path``.
+
+    ``client(base_url: str, *, api_key: str | None, timeout: float)`` is called by the
+    orchestrator once per replica URL of ``orchestrator.client.base_url``
+    (``http://host:port/v1``, as the server's ``base_url``); ``api_key`` is the value of the
+    variable ``orchestrator.client.api_key_var`` names (``None`` when unset) and ``timeout`` the
+    seconds one request may take. Creating it must not contact the server. It returns an
+    object with (``prime_core.inference.client.InferenceClient``):
+
+    - ``health() -> bool``: a plain call from the orchestrator's main thread, polled about
+      once a second before sampling starts; ``False`` while the server is unreachable or not
+      ready (it does not raise for that), answered within a few seconds.
+    - ``async sample(request: SampleRequest) -> list[Sample]``: ``request.n`` samples of the
+      prompt (``prime_core.inference.client``: token ids in; token ids, their sampling
+      log-probabilities, finish reason and text out), from the weights of the newest
+      ``load_weights`` that returned (before any: those the server started with). Transient
+      connection failures are the client's to retry; what remains is raised.
+    - ``async load_weights(step: int, path: str) -> str | None``: serve the policy the trainer
+      published for ``step`` in the folder ``path`` (on a filesystem the server shares): full
+      Hugging Face weights, or a PEFT LoRA adapter (``adapter_config.json`` in the folder).
+      How is the backend's business (a live reload; a new adapter name per step and unloading
+      old adapters); requests already running may finish on the previous weights. Returns a
+      few words for the log (``"LoRA adapter <name>"``), or ``None``.
+    - ``async close()``: release connections; called once, last (also after errors).
+
+    The coroutines are awaited on the orchestrator's one event loop (one thread):
+    ``sample`` calls overlap each other and ``load_weights``; ``load_weights`` calls on one
+    client never overlap. Blocking work belongs in a thread (``asyncio.to_thread``). Every
+    failure is raised as ``prime_core.errors.PrimeError`` whose message names the server
+    (its URL) and what failed, with a ``hint`` when the user can fix it; the orchestrator
+    stops with that message. The orchestrator never sees request bodies, endpoints, model
+    names or adapter names.
     """
 
     server: Ref = ref()
-    admin: Ref = ref()
+    client: Ref = ref()
+    priority: int = 0
+    """Rank for ``"auto"``: the highest available wins."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Router(Spec):
-    """Picks an inference replica for a request. ``make(urls)`` returns an object with
-    ``pick(request) -> url`` and ``done(url)``."""
+    """Spreads sampling requests over the inference replicas (``orchestrator.client.router``).
+
+    ``make(urls: list[str])`` is called once by the orchestrator with the replica URLs of
+    ``orchestrator.client.base_url``. The object it returns has
+
+    - ``pick(request: SampleRequest) -> str``: one of ``urls`` for this request
+      (``prime_core.inference.client.SampleRequest``; ``request.session_id`` names its
+      trajectory, so that a router can keep a session on one replica);
+    - ``done(url: str, *, ok: bool, latency: float) -> None``: called exactly once after every
+      ``pick``, when that request finished: ``ok`` is ``False`` when it raised (or was
+      cancelled), ``latency`` its wall-clock seconds.
+
+    Both are plain calls on the orchestrator's event loop thread, so they must not block;
+    requests are in flight between ``pick`` and ``done``, many at once.
+    """
 
     make: Ref = ref()
 

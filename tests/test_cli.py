@@ -75,7 +75,7 @@ def test_config_validate_passes_when_everything_is_provided(prime_cli, register_
 
         @hookimpl
         def prime_inference_backends(self):
-            return [InferenceBackend(name="vllm", server=print, admin=print)]
+            return [InferenceBackend(name="test", server=print, client=print)]
 
 
     register_plugin(Everything(), name="everything")

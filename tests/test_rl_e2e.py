@@ -38,6 +38,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive free ports (inference replicas take port, port + 1, ...)."""
+    for _ in range(100):
+        first = free_port()
+        try:
+            for port in range(first + 1, first + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
 def prime(*args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-m", "prime_core", *args], capture_output=True, text=True,
@@ -158,6 +172,35 @@ def test_moe_rl_with_expert_parallel_native_model(tmp_path):
     key = "model.layers.1.mlp.experts.3.down_proj.weight"
     assert published.keys() == start.keys() and published[key].shape == start[key].shape
     assert not published[key].equal(start[key]), "the experts trained"
+
+
+def test_two_inference_replicas_share_sampling_and_get_every_weight_update(tmp_path):
+    """inference.parallel.dp = 2: two `prime inference` processes (one vLLM server each) on
+    consecutive ports with their own configs; the orchestrator samples from both and loads
+    every new policy into both. A tiny untrained model: this is about the plumbing."""
+    model, out, steps = tmp_path / "tiny", tmp_path / "rl", 3
+    prime("model", "tiny", str(model), "--hidden-size", "128", "--num-layers", "2")
+    port = free_ports(2)
+    prime("run", str(EXAMPLE / "rl.toml"), "--model.name", str(model), "--output-dir", str(out),
+          "--inference.server.port", str(port), "--inference.parallel.dp", "2", "--max-steps", str(steps),
+          "--orchestrator.batch-size", "32",
+          # two servers on one CPU machine: let the OS place their workers (vLLM binds each to core 0)
+          "--inference.env", '{"VLLM_CPU_OMP_THREADS_BIND": "nobind"}')
+    configs = out / "configs"
+    replicas = [json.loads((configs / f"inference_{i}.json").read_text()) for i in (0, 1)]
+    assert [(r["server"]["port"], r["parallel"]["dp"]) for r in replicas] == [(port, 1), (port + 1, 1)]
+    client = json.loads((configs / "orchestrator.json").read_text())["client"]
+    assert client["base_url"] == [f"http://127.0.0.1:{port}/v1", f"http://127.0.0.1:{port + 1}/v1"]
+    trainer, orchestrator = records(out, "trainer"), records(out, "orchestrator")
+    assert [r["step"] for r in trainer] == [r["step"] for r in orchestrator] == list(range(1, steps + 1))
+    assert orchestrator[-1]["weights_version"] >= 1
+    log = (out / "logs" / "orchestrator.log").read_text()
+    assert "inference backend: vllm (auto" in log and "loaded policy v1 into 2 inference server(s)" in log
+    for p in (port, port + 1):
+        served = (out / "logs" / f"vllm-{p}.log").read_text()
+        assert "POST /v1/completions" in served, f"replica on port {p} sampled nothing"
+        assert "POST /collective_rpc" in served, f"replica on port {p} never got new weights"
+    assert {p.name for p in (out / "logs").glob("inference*.log")} == {"inference_0.log", "inference_1.log"}
 
 
 def test_trainer_killed_mid_run_resumes_without_gap_or_repeat(warm_model, tmp_path):

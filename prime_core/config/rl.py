@@ -134,7 +134,10 @@ def _move_legacy_keys(data: dict) -> None:
 
 
 def _point_client_at_server(data: dict) -> None:
-    """Unless the user says otherwise, the orchestrator talks to the server this run starts."""
+    """Unless the user says otherwise, the orchestrator talks to the servers this run starts:
+    one URL per replica (``inference.parallel.dp``, consecutive ports), with their backend."""
+    from prime_core.inference.replicas import local_url
+
     inference = data.get("inference", {})
     if inference is None or inference is False:
         return
@@ -145,9 +148,16 @@ def _point_client_at_server(data: dict) -> None:
     if not isinstance(orchestrator, dict) or not isinstance(inference, dict):
         return
     client = orchestrator.setdefault("client", {})
-    if isinstance(client, dict) and "base_url" not in client:
+    if not isinstance(client, dict):
+        return
+    if "base_url" not in client:
         server = inference.get("server", {}) if isinstance(inference.get("server", {}), dict) else {}
-        host = server.get("host", "127.0.0.1")
-        host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-        port = server.get("port", 8000)
-        client["base_url"] = [f"http://{host}:{port}/v1"]
+        parallel = inference.get("parallel", {}) if isinstance(inference.get("parallel", {}), dict) else {}
+        try:
+            port, dp = int(server.get("port", 8000)), int(parallel.get("dp", 1))
+        except (TypeError, ValueError):
+            port, dp = None, None  # the schema reports the bad value
+        if port is not None:
+            client["base_url"] = [local_url(str(server.get("host", "127.0.0.1")), port + i) for i in range(max(dp, 1))]
+    if "backend" not in client and isinstance(inference.get("backend"), str):
+        client["backend"] = inference["backend"]

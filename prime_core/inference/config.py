@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from prime_core.config.base import Section, Selects, Toggle
 from prime_core.config.shared import LogConfig, ModelRef
@@ -22,7 +22,9 @@ class InferenceParallelConfig(Section):
     tp: int = Field(default=1, ge=1)
     """Tensor-parallel size of one replica."""
     dp: int = Field(default=1, ge=1)
-    """Data-parallel replicas."""
+    """Data-parallel replicas: independent servers of ``tp`` GPUs each, one ``prime inference``
+    process per replica on consecutive ports from ``server.port`` (the orchestrator gets every
+    URL)."""
 
 
 class InferenceModelConfig(ModelRef):
@@ -43,7 +45,9 @@ class InferenceLoRAConfig(Section):
 class InferenceConfig(Section):
     """The inference role: an OpenAI-compatible server with weight-update endpoints."""
 
-    backend: Annotated[str, Selects("inference_backends")] = "vllm"
+    backend: Annotated[str, Selects("inference_backends", skip=("auto",))] = "auto"
+    """An inference-backend plugin (``prime plugins list``); ``auto``: the available one with the
+    highest priority."""
     output_dir: Path = Path("outputs")
     model: InferenceModelConfig = Field(default_factory=InferenceModelConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
@@ -64,3 +68,11 @@ class InferenceConfig(Section):
     """``prime inference`` alone: the launcher plugin (``local``, ``slurm``); unused inside ``prime run``."""
     dry_run: bool = False
     """``prime inference`` alone: write the resolved config and the plan, start nothing."""
+
+    @model_validator(mode="after")
+    def _ports_fit(self) -> InferenceConfig:
+        last = self.server.port + self.parallel.dp - 1
+        if last > 65535:
+            raise ValueError(f"server.port {self.server.port} + parallel.dp {self.parallel.dp} replicas need ports up "
+                             f"to {last}, above 65535: lower server.port")
+        return self

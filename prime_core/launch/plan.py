@@ -111,7 +111,10 @@ def role_config_paths(config: BaseModel, output_dir: Path, root: str = "rl") -> 
 
 def write_role_configs(config: BaseModel, output_dir: Path, root: str = "rl") -> dict[str, Path]:
     """Write the files of ``role_config_paths``; the root file without ``dry_run``, so that it
-    runs for real."""
+    runs for real. Several inference replicas also get one file each
+    (``prime_core.inference.replicas``)."""
+    from prime_core.inference.replicas import write_replicas
+
     paths = role_config_paths(config, output_dir, root)
     for name, path in paths.items():
         section = config if name == root else getattr(config, name)
@@ -119,6 +122,8 @@ def write_role_configs(config: BaseModel, output_dir: Path, root: str = "rl") ->
         if name == root:
             data.pop("dry_run", None)
         atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+        if name == "inference":
+            write_replicas(data, path)
     return paths
 
 

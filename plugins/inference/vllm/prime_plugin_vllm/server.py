@@ -206,8 +206,9 @@ class VLLMServer:
             "trust_remote_code": model.trust_remote_code,
             "host": cfg.server.host,
             "port": cfg.server.port,
+            # One server is one replica: `parallel.dp` replicas are separate servers, started by
+            # the launcher (vLLM's own data parallelism stays available through `args`).
             "tensor_parallel_size": cfg.parallel.tp,
-            "data_parallel_size": cfg.parallel.dp,
             "dtype": model.dtype,
             "max_model_len": model.max_model_len,
             "enforce_eager": model.enforce_eager,

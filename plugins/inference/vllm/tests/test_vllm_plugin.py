@@ -56,7 +56,8 @@ def test_registered_through_its_entry_point():
 
 
 def test_importing_the_plugin_is_cheap():
-    code = ("import sys, prime_plugin_vllm.plugin, prime_plugin_vllm.server, prime_plugin_vllm.admin; "
+    code = ("import sys, prime_plugin_vllm.plugin, prime_plugin_vllm.server, prime_plugin_vllm.admin, "
+            "prime_plugin_vllm.client; "
             "print(','.join(m for m in ('torch', 'vllm', 'transformers', 'httpx') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == ""
@@ -91,14 +92,14 @@ def test_option_argv():
 
 def test_command_on_cpu(tmp_path):
     config = make_config(tmp_path, model={"dtype": "float32", "max_model_len": 256, "enforce_eager": True},
-                         server={"host": "0.0.0.0", "port": 8123}, parallel={"tp": 2, "dp": 3})
+                         server={"host": "0.0.0.0", "port": 8123}, parallel={"tp": 2})
     server = VLLMServer(config, on_cpu=True)
     argv = server.command()
     assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     model = str(tmp_path / "model")
     expected = {
         "--model": [model], "--served-model-name": [model], "--host": ["0.0.0.0"], "--port": ["8123"],
-        "--tensor-parallel-size": ["2"], "--data-parallel-size": ["3"], "--dtype": ["float32"],
+        "--tensor-parallel-size": ["2"], "--dtype": ["float32"],
         "--max-model-len": ["256"], "--logprobs-mode": ["processed_logprobs"],
         "--worker-extension-cls": ["prime_plugin_vllm.worker_ext.PrimeWorkerExtension"],
         "--kv-cache-memory-bytes": [str(CPU_KV_CACHE_BYTES)],
@@ -106,6 +107,7 @@ def test_command_on_cpu(tmp_path):
     for flag, values in expected.items():
         assert flag_values(argv, flag) == values, flag
     assert "--enforce-eager" in argv
+    assert "--data-parallel-size" not in argv, "one server is one replica; the launcher starts parallel.dp of them"
     assert "--gpu-memory-utilization" not in argv and "--trust-remote-code" not in argv
     assert "--tokenizer" not in argv
     assert server.base_url == "http://127.0.0.1:8123/v1"
@@ -225,7 +227,7 @@ def fake_backend(register_plugin):
             def server(config):
                 servers.append(FakeServer(config, Fake.behaviour))
                 return servers[-1]
-            return [InferenceBackend(name="fake", server=server, admin=print)]
+            return [InferenceBackend(name="fake", server=server, client=print)]
 
     register_plugin(Fake(), name="fake")
     return Fake, servers
@@ -260,6 +262,22 @@ def test_role_stops_an_unhealthy_server_and_raises(fake_backend, tmp_path):
     with pytest.raises(PrimeError, match="never healthy"):
         run(make_config(tmp_path, backend="fake"))
     assert fake_backend[1][0].calls[-1] == "stop"
+
+
+def test_role_serves_one_replica_and_refuses_the_config_of_several(fake_backend, tmp_path):
+    from prime_core.inference.role import run
+
+    with pytest.raises(PrimeError, match=r"(?s)parallel.dp = 2: one inference role process serves one replica.*"
+                                         r"configs/inference_0.json"):
+        run(make_config(tmp_path, backend="fake", parallel={"dp": 2}))
+    assert fake_backend[1] == [], "nothing was started"
+
+
+def test_role_picks_the_backend_with_the_highest_priority_for_auto(fake_backend, tmp_path, capsys):
+    from prime_core.inference.role import run
+
+    assert run(make_config(tmp_path)) == 0  # backend = "auto": the fake one is the only one here
+    assert "starting fake (auto: the available backend with the highest priority) server" in capsys.readouterr().out
 
 
 def test_role_names_a_missing_backend(plugin_manager, tmp_path):
@@ -355,3 +373,61 @@ def test_admin_health_and_unreachable_server():
     assert admin.health() is False
     with pytest.raises(PrimeError, match="no answer from the vLLM server"):
         admin.update_weights("/x")
+
+
+# -- the sampling client, without a server --------------------------------------------------
+
+
+def test_backend_is_registered_with_lazy_references_and_priority():
+    (spec,) = plugin.prime_inference_backends()
+    assert object.__getattribute__(spec, "server") == "prime_plugin_vllm.server:VLLMServer"
+    assert object.__getattribute__(spec, "client") == "prime_plugin_vllm.client:VLLMClient"
+    assert spec.priority > 0, "auto prefers vLLM over backends with the default priority"
+    from prime_plugin_vllm.client import VLLMClient
+
+    assert spec.client is VLLMClient
+
+
+def test_client_request_body_carries_every_sampling_field():
+    from prime_plugin_vllm.client import VLLMClient
+
+    from prime_core.inference.client import SampleRequest
+
+    request = SampleRequest(prompt_ids=[5, 6], n=3, max_tokens=7, temperature=0.5, top_p=0.9,
+                            stop_token_ids=[2], seed=11, session_id="s")
+    assert VLLMClient("http://h:1/v1/").body(request, "m") == {
+        "model": "m", "prompt": [5, 6], "n": 3, "max_tokens": 7, "temperature": 0.5, "top_p": 0.9,
+        "logprobs": 0, "return_token_ids": True, "stop_token_ids": [2], "seed": 11}
+    plain = VLLMClient("http://h:1/v1").body(SampleRequest(prompt_ids=[5], max_tokens=1), "m")
+    assert "seed" not in plain and "stop_token_ids" not in plain
+
+
+def test_client_refuses_an_answer_without_token_ids():
+    from prime_plugin_vllm.client import VLLMClient
+
+    client = VLLMClient("http://h:1/v1")
+    with pytest.raises(PrimeError, match="(?s)unexpected answer from the vLLM server at http://h:1/v1.*return_token_ids"):
+        client.parse({"choices": [{"index": 0, "text": "x", "logprobs": {"token_logprobs": [-1.0]}}]})
+
+
+def test_client_of_an_unreachable_server():
+    import asyncio
+
+    from prime_plugin_vllm.client import VLLMClient
+
+    from prime_core.inference.client import SampleRequest
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = VLLMClient(f"http://127.0.0.1:{port}/v1")
+    assert client.health() is False
+
+    async def go():
+        try:
+            await client.sample(SampleRequest(prompt_ids=[1], max_tokens=1))
+        finally:
+            await client.close()
+
+    with pytest.raises(PrimeError, match=rf"at http://127.0.0.1:{port}/v1 failed 3 times: ConnectError"):
+        asyncio.run(go())

@@ -319,6 +319,186 @@ def test_failed_updates_keep_the_server_and_its_weights(client, admin, tiny, tmp
     assert greedy(client, tiny) == before
 
 
+# -- the backend's client (what the orchestrator uses) ------------------------------------------
+
+
+def run_async(coro_fn, *args):
+    """``coro_fn(*args)`` on a fresh event loop (one loop per client lifetime)."""
+    import asyncio
+
+    return asyncio.run(coro_fn(*args))
+
+
+def test_client_samples_token_ids_with_the_logprobs_they_were_sampled_with(role, tiny):
+    from prime_core.inference.client import SampleRequest
+    from prime_plugin_vllm.client import VLLMClient
+
+    async def go(client):
+        try:
+            assert client.health()
+            many = await client.sample(SampleRequest(prompt_ids=PROMPT, n=4, max_tokens=8, temperature=1.0, seed=0,
+                                                     session_id="trajectory-1"))
+            greedy = await client.sample(SampleRequest(prompt_ids=PROMPT, max_tokens=8, temperature=0.0))
+            warm = await client.sample(SampleRequest(prompt_ids=PROMPT, max_tokens=8, temperature=0.5, seed=3))
+            return many, greedy, warm
+        finally:
+            await client.close()
+
+    client = VLLMClient(role.base_url, timeout=60)
+    many, (greedy,), (warm,) = run_async(go, client)
+    assert client.model == str(tiny), "the served base model, found through GET /v1/models"
+    assert len(many) == 4
+    for sample in many:
+        assert 1 <= len(sample.token_ids) <= 8 and len(sample.logprobs) == len(sample.token_ids)
+        assert all(isinstance(t, int) for t in sample.token_ids) and all(lp <= 0 for lp in sample.logprobs)
+        assert sample.finish_reason in ("stop", "length")
+    assert max(abs(a - b) for a, b in zip(greedy.logprobs, hf_logprobs(tiny, greedy.token_ids))) < 1e-3
+    # temperature applied to the returned logprobs (the trainer's importance ratio needs it)
+    assert max(abs(a - b) for a, b in zip(warm.logprobs, hf_logprobs(tiny, warm.token_ids, temperature=0.5))) < 1e-3
+
+
+def test_client_stops_at_a_stop_token_and_reports_why(role, tiny):
+    from prime_core.inference.client import SampleRequest
+    from prime_plugin_vllm.client import VLLMClient
+
+    async def go(client):
+        try:
+            (free,) = await client.sample(SampleRequest(prompt_ids=PROMPT, max_tokens=8, temperature=0.0))
+            stop = free.token_ids[2]
+            first = free.token_ids.index(stop)
+            (stopped,) = await client.sample(SampleRequest(prompt_ids=PROMPT, max_tokens=8, temperature=0.0,
+                                                           stop_token_ids=[stop]))
+            return free, stopped, first
+        finally:
+            await client.close()
+
+    free, stopped, first = run_async(go, VLLMClient(role.base_url))
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids == free.token_ids[:first + 1], "the stop token is the last token returned"
+    assert stopped.logprobs == pytest.approx(free.logprobs[:first + 1], abs=1e-5)
+
+
+def test_client_errors_name_the_server_and_the_cause(role):
+    from prime_core.inference.client import SampleRequest
+    from prime_plugin_vllm.client import VLLMClient
+
+    async def go(client):
+        try:
+            await client.sample(SampleRequest(prompt_ids=[10**6], max_tokens=2))
+        finally:
+            await client.close()
+
+    with pytest.raises(PrimeError, match=rf"sampling from .* at {role.base_url} failed \(HTTP 400\)"):
+        run_async(go, VLLMClient(role.base_url))
+
+
+def test_client_loads_full_weights_and_rotates_lora_adapters(role, admin, tiny, tmp_path):
+    import torch
+
+    from prime_core.inference.client import SampleRequest
+    from prime_plugin_vllm.client import VLLMClient
+
+    greedy = SampleRequest(prompt_ids=PROMPT, max_tokens=8, temperature=0.0)
+    models = {step: trained_adapter(tiny, tmp_path / f"v{step}", seed=step) for step in (1, 2, 3)}
+    noisy = perturbed_copy(tiny, tmp_path / "noisy")
+
+    async def go(client, again):
+        try:
+            (base,) = await client.sample(greedy)
+            seen = {"base": base}
+            for step in (1, 2, 3):
+                seen[f"note{step}"] = await client.load_weights(step, str(tmp_path / f"v{step}"))
+                (seen[step],) = await client.sample(greedy)
+            seen["listed"] = await client._send("GET", "/models", "listing")
+            # A second client (a restarted orchestrator) loading a step the server already has.
+            assert await again.load_weights(3, str(tmp_path / "v3")) == f"LoRA adapter {tiny}-lora-step-3"
+            assert await client.load_weights(4, str(noisy)) is None  # full weights: back to the base model
+            assert client.model == str(tiny)
+            (seen["noisy"],) = await client.sample(greedy)
+            assert await client.load_weights(5, str(tiny)) is None
+            (seen["restored"],) = await client.sample(greedy)
+            return seen
+        finally:
+            await client.close()
+            await again.close()
+
+    seen = run_async(go, VLLMClient(role.base_url), VLLMClient(role.base_url))
+    assert seen["noisy"].token_ids != seen["base"].token_ids or seen["noisy"].logprobs != seen["base"].logprobs
+    assert max(abs(a - b) for a, b in zip(seen["noisy"].logprobs, hf_logprobs(noisy, seen["noisy"].token_ids))) < 1e-3
+    for step in (1, 2, 3):
+        assert seen[f"note{step}"] == f"LoRA adapter {tiny}-lora-step-{step}"
+        tokens, logprobs = seen[step].token_ids, seen[step].logprobs
+        with torch.no_grad():
+            logits = models[step](torch.tensor([PROMPT + tokens])).logits[0, len(PROMPT) - 1:-1]
+        reference = logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+        assert max(abs(a - b) for a, b in zip(logprobs, reference, strict=True)) < 1e-3, step
+    ids = {m["id"] for m in seen["listed"]["data"]}
+    assert {f"{tiny}-lora-step-2", f"{tiny}-lora-step-3"} <= ids, "the newest two adapters stay loaded"
+    assert f"{tiny}-lora-step-1" not in ids, "older adapters are unloaded"
+    assert seen["restored"].token_ids == seen["base"].token_ids
+    assert seen["restored"].logprobs == pytest.approx(seen["base"].logprobs, abs=1e-4)
+
+
+def test_orchestrator_runs_on_a_backend_registered_in_process(role, admin, tiny, tmp_path, register_plugin):
+    """The orchestrator with a backend named ``wrapped`` (the real vLLM client, counting its
+    calls) on two replica URLs of this server: sampling alternates between them, new weights
+    reach both, and nothing in the orchestrator depends on the backend's name."""
+    import asyncio
+    import json
+
+    import prime_plugin_tasks.plugin as tasks
+    from prime_core import hookimpl
+    from prime_core.orchestrator.config import OrchestratorConfig
+    from prime_core.orchestrator.role import Orchestrator
+    from prime_core.specs import InferenceBackend
+    from prime_plugin_vllm.client import VLLMClient
+
+    calls: list[tuple[str, str]] = []
+
+    class Counting(VLLMClient):
+        def __init__(self, base_url, **kwargs):
+            super().__init__(base_url, **kwargs)
+            self.url = base_url  # as the orchestrator knows it
+
+        async def sample(self, request):
+            calls.append(("sample", self.url))
+            return await super().sample(request)
+
+        async def load_weights(self, step, path):
+            calls.append(("load_weights", self.url))
+            return await super().load_weights(step, path)
+
+    class Wrapped:
+        @hookimpl
+        def prime_inference_backends(self):
+            return [InferenceBackend(name="wrapped", server=print, client=Counting)]
+
+    register_plugin(Wrapped(), name="wrapped")
+    register_plugin(tasks, name="tasks")
+    urls = [role.base_url, role.base_url + "/"]  # two replica URLs of one server
+    out = tmp_path / "out"
+    publish = out / "weights" / "step_1"
+    perturbed_copy(tiny, publish)
+    (publish / "STABLE").touch()
+    config = OrchestratorConfig.model_validate({
+        "model": {"name": str(tiny)}, "output_dir": str(out), "client": {"base_url": urls, "backend": "wrapped"},
+        "env": [{"id": "reverse_text"}], "batch_size": 8, "rollouts_per_example": 2, "max_steps": 2,
+        "seq_len": 256, "sampling": {"max_tokens": 8}})
+    orchestrator = Orchestrator(config)
+    orchestrator.wait_healthy()
+    try:
+        asyncio.run(orchestrator.run(start=1))
+    finally:
+        admin.update_weights(tiny)  # later tests expect the original weights
+    assert [calls.count(("load_weights", u)) for u in urls] == [1, 1], "new weights on every replica"
+    sampled = [u for kind, u in calls if kind == "sample"]
+    assert [sampled.count(u) for u in urls] == [1 + 4, 4], "the probe on the first, 2 steps x 4 groups round robin"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["weights_version"] == 1 for r in rows)
+    batch = json.loads((out / "rollouts" / "step_1" / "batch.json").read_text())
+    assert batch["info"]["versions"] == [1]
+
+
 def test_sigterm_stops_the_role_and_every_vllm_process(role):
     import psutil
 

@@ -2,14 +2,16 @@
 
 Runs every role on this machine as child processes.
 
-- ``prime run``: the inference server first (a service, stopped when the others finish),
-  then the orchestrator and the trainer; each logs to ``output_dir/logs/<role>.log``. With
+- ``prime run``: the inference servers first (services, stopped when the others finish):
+  one ``prime inference`` per replica of ``inference.parallel.dp``, on consecutive ports,
+  each with its own config file and ``tp`` GPUs; then the orchestrator and the trainer;
+  each logs to ``output_dir/logs/<role>.log`` (replica i: ``inference_i.log``). With
   ``deployment.num_train_gpus`` > 1 the trainer runs as that many processes under torchrun
   (NCCL on GPUs, gloo on a CPU machine), each rank also logging to
   ``output_dir/logs/trainer/rank_N.log``.
 - ``prime sft``: one process runs in this very process, as it always did; several run under
   torchrun with rank 0 on the console and every rank in ``output_dir/logs/sft/rank_N.log``.
-- ``prime inference``: the server runs in this process.
+- ``prime inference``: one replica runs in this process; several run as child processes.
 
 GPUs are taken in order from ``CUDA_VISIBLE_DEVICES`` (or every GPU ``nvidia-smi -L``
 lists): inference first, trainer next (``prime_core.launch.placement``). The
@@ -67,23 +69,29 @@ def _inference_section(config, root: str):
     return config if root == "inference" else getattr(config, "inference", None)
 
 
+def _replicas(config, root: str, configs: dict[str, Path], gpus: dict[str, list[str]] | None):
+    """``(role name, Replica, its GPUs or None)`` per inference replica this plan starts."""
+    from prime_core.inference.replicas import replicas
+
+    inference = _inference_section(config, root)
+    if inference is None or "inference" not in configs:
+        return []
+    tp, pool = inference.parallel.tp, (gpus or {}).get("inference")
+    found = replicas(inference, configs["inference"])
+    if len(found) == 1:  # one replica keeps every inference GPU (vLLM's own DP through `args`)
+        return [("inference", found[0], pool)]
+    return [(f"inference[{r.index}]", r, pool[r.index * tp:(r.index + 1) * tp] if pool is not None else None)
+            for r in found]
+
+
 def _placement_rows(config, root: str, gpus: dict[str, list[str]] | None, configs) -> list[dict]:
-    """One row per inference replica and per other role: GPUs, ranks, port."""
+    """One row per inference replica and per other role: GPUs, processes, port."""
     from prime_core.launch.config import trainer_processes
-    from prime_core.launch.placement import replicas
 
     rows = []
-    inference = _inference_section(config, root)
-    if inference is not None and "inference" in configs:
-        tp, dp = inference.parallel.tp, inference.parallel.dp
-        pool = (gpus or {}).get("inference")
-        parts = replicas(pool, tp, dp) if pool is not None else [None] * dp
-        for i, part in enumerate(parts):
-            rows.append({"role": f"inference[{i}]" if dp > 1 else "inference",
-                         "gpus": ",".join(part) if part is not None else "cpu",
-                         "processes": 1 if i == 0 else "(same server)",
-                         "port": inference.server.port,
-                         "output_dir": str(config.output_dir)})
+    for name, replica, part in _replicas(config, root, configs, gpus):
+        rows.append({"role": name, "gpus": ",".join(part) if part is not None else "cpu", "processes": 1,
+                     "port": replica.port, "output_dir": str(config.output_dir)})
     if root == "rl" and "orchestrator" in configs:
         base = config.orchestrator.client.base_url
         rows.append({"role": "orchestrator", "gpus": "-", "processes": 1,
@@ -134,6 +142,23 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
             env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(gpus[role]))
         return env
 
+    def inference_processes(service: bool) -> list:
+        """One ``prime inference`` per replica, each on its own config, port and GPUs."""
+        out = []
+        for name, replica, part in _replicas(config, root, configs, gpus):
+            env = dict(env_vars)
+            if part is not None:
+                env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(part))
+            out.append(RoleProcess(
+                role=name, command=role_command("inference", replica.config), config=replica.config,
+                log=logs / ("inference.log" if name == "inference" else f"inference_{replica.index}.log"),
+                env=env, service=service))
+        return out
+
+    if root == "inference" and config.parallel.dp > 1:
+        # Several replicas: each its own process, supervised like the roles of `prime run`.
+        result.processes.extend(inference_processes(service=False))
+        return result
     if root in ("sft", "inference"):
         processes = trainer_processes(deployment)[0] if root == "sft" else 1
         result.inline = processes == 1
@@ -143,7 +168,8 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
             log=logs / root / "rank_0.log" if processes > 1 else logs / f"{root}.log",
             env=env_for(root), console=True, service=False))
         return result
-    for role in ("inference", "orchestrator", "trainer"):
+    result.processes.extend(inference_processes(service=True))
+    for role in ("orchestrator", "trainer"):
         if role not in configs:
             continue
         result.processes.append(RoleProcess(
@@ -154,7 +180,6 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
             config=configs[role],
             log=logs / f"{role}.log",
             env=env_for(role),
-            service=role == "inference",
         ))
     if "inference" not in configs and not getattr(config, "bench", None):
         result.notes.append("inference = None: the orchestrator uses the servers in orchestrator.client.base_url")

@@ -93,9 +93,10 @@ def test_seed_six_inference_gpus_with_dp_and_two_trainer_gpus(prime_cli, registe
     env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
     plan, gpus, _ = dry_run(prime_cli, register_plugin, tmp_path / "o", "--deployment.num-infer-gpus", "6",
                             "--deployment.num-train-gpus", "2", "--inference.parallel.dp", "6", env=env)
-    assert gpus["inference"] == "0,1,2,3,4,5" and gpus["trainer"] == "6,7"
+    assert [gpus[f"inference[{i}]"] for i in range(6)] == ["0", "1", "2", "3", "4", "5"] and gpus["trainer"] == "6,7"
     replicas = [row for row in plan["placement"] if row["role"].startswith("inference")]
     assert [r["gpus"] for r in replicas] == ["0", "1", "2", "3", "4", "5"]
+    assert [r["port"] for r in replicas] == list(range(8000, 8006))
     trainer = next(p for p in plan["processes"] if p["role"] == "trainer")
     assert "--nproc-per-node" in trainer["command"] and "2" in trainer["command"]
 
@@ -105,7 +106,45 @@ def test_seed_older_gpu_ids_form(prime_cli, register_plugin, fake_nvidia_smi, tm
     fake_nvidia_smi(8)
     _, gpus, _ = dry_run(prime_cli, register_plugin, tmp_path / "o", "--inference-gpu-ids", "0,1,2,3,4,5",
                          "--trainer-gpu-ids", "6,7", "--inference.parallel.dp", "6")
-    assert gpus["inference"] == "0,1,2,3,4,5" and gpus["trainer"] == "6,7"
+    assert [gpus[f"inference[{i}]"] for i in range(6)] == ["0", "1", "2", "3", "4", "5"] and gpus["trainer"] == "6,7"
+
+
+def test_two_replicas_plan_two_servers_two_ports_and_two_urls(prime_cli, register_plugin, no_gpus, tmp_path):
+    """inference.parallel.dp = 2: two `prime inference` processes, each on its own resolved
+    config (dp 1, consecutive ports), and the orchestrator gets both URLs."""
+    out = tmp_path / "o"
+    plan, _, output = dry_run(prime_cli, register_plugin, out, "--inference.parallel.dp", "2",
+                              "--inference.server.port", "8100")
+    configs = out / "configs"
+    inference = [p for p in plan["processes"] if p["role"].startswith("inference")]
+    assert [p["role"] for p in inference] == ["inference[0]", "inference[1]"]
+    assert [p["service"] for p in inference] == [True, True]
+    assert plan["commands"][:2] == [f"prime inference {configs / 'inference_0.json'}",
+                                    f"prime inference {configs / 'inference_1.json'}"]
+    assert [p["log"] for p in inference] == [str(out / "logs" / "inference_0.log"), str(out / "logs" / "inference_1.log")]
+    whole = json.loads((configs / "inference.json").read_text())
+    for i in range(2):
+        replica = json.loads((configs / f"inference_{i}.json").read_text())
+        assert replica["parallel"]["dp"] == 1 and replica["server"]["port"] == 8100 + i
+        assert {**replica, "parallel": whole["parallel"], "server": whole["server"]} == whole, "nothing else differs"
+    assert whole["parallel"]["dp"] == 2
+    orchestrator = json.loads((configs / "orchestrator.json").read_text())
+    assert orchestrator["client"]["base_url"] == ["http://127.0.0.1:8100/v1", "http://127.0.0.1:8101/v1"]
+    rows = {row["role"]: row for row in plan["placement"]}
+    assert (rows["inference[0]"]["port"], rows["inference[1]"]["port"]) == (8100, 8101)
+    assert "inference[1]" in output and "8101" in output, "the printed placement shows each replica"
+
+    # Fewer replicas later in the same output_dir: no stale replica file is left behind.
+    dry_run(prime_cli, register_plugin, out, "--inference.server.port", "8100")
+    assert sorted(p.name for p in configs.glob("inference*.json")) == ["inference.json"]
+
+
+def test_user_base_url_is_kept_with_replicas(prime_cli, register_plugin, no_gpus, tmp_path):
+    out = tmp_path / "o"
+    dry_run(prime_cli, register_plugin, out, "--inference.parallel.dp", "2",
+            "--orchestrator.client.base-url", "http://gateway:9000/v1")
+    orchestrator = json.loads((out / "configs" / "orchestrator.json").read_text())
+    assert orchestrator["client"]["base_url"] == ["http://gateway:9000/v1"]
 
 
 def test_seed_single_gpu_shared_by_both_roles(prime_cli, register_plugin, fake_nvidia_smi, tmp_path):
@@ -197,3 +236,17 @@ def test_inference_root_plans_one_server(prime_cli, register_plugin, tmp_path):
     assert plan["inline"] is True and plan["processes"][0]["env"]["CUDA_VISIBLE_DEVICES"] == "3,4"
     multi = prime_cli("inference", "--deployment.type", "multi_node", "--output-dir", str(out), "--dry-run")
     assert multi.exit_code == 2 and "independent replica" in multi.output
+
+
+def test_inference_root_with_replicas_starts_one_process_each(prime_cli, register_plugin, tmp_path):
+    register_plugin(plugin, name="local")
+    out = tmp_path / "inf"
+    result = prime_cli("inference", "--deployment.num-gpus", "4", "--parallel.tp", "2", "--parallel.dp", "2",
+                       "--output-dir", str(out), "--dry-run", env={"CUDA_VISIBLE_DEVICES": "3,4,5,6"})
+    assert result.exit_code == 0, result.output
+    plan = json.loads((out / "configs" / "plan.json").read_text())
+    assert plan["inline"] is False
+    assert [(p["role"], p["env"]["CUDA_VISIBLE_DEVICES"], p["service"]) for p in plan["processes"]] == [
+        ("inference[0]", "3,4", False), ("inference[1]", "5,6", False)]
+    assert plan["commands"][1] == f"CUDA_VISIBLE_DEVICES=5,6 prime inference {out / 'configs' / 'inference_1.json'}"
+    assert json.loads((out / "configs" / "inference_1.json").read_text())["server"]["port"] == 8001

@@ -56,6 +56,10 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str | None
         gpus = getattr(config.deployment, "gpus_per_node", None) or config.deployment.num_gpus
         configs["inference"] = _dump(config, config_dir / "inference_node.json", slurm=None,
                                      deployment={"type": "single_node", "num_gpus": gpus})
+        from prime_core.inference.replicas import write_replicas
+
+        # Several replicas per node: inference_node_<i>.json, one per replica.
+        write_replicas(json.loads(configs["inference"].read_text()), configs["inference"])
     lay = layout(config, root, set(configs))
     script = out / f"{root}.sh"
     context = template_context(config, root=root, lay=lay, output_dir=out, configs=configs, script_path=script)
@@ -88,8 +92,17 @@ def _placement(lay, context) -> list[dict]:
     rows = []
     log = context["log_dir"]
     if context["inference_config"]:
-        rows.append({"role": "inference", "nodes": _nodes(lay.num_infer_nodes, lay.multi_node, "one server each"),
-                     "gpus": f"{lay.num_infer_gpus} per server", "log": f"{log}/latest_infer_node_rank_*.log"})
+        replicas = context["inference_replicas"]
+        if len(replicas) == 1:
+            rows.append({"role": "inference", "nodes": _nodes(lay.num_infer_nodes, lay.multi_node, "one server each"),
+                         "gpus": f"{lay.num_infer_gpus} per server", "port": replicas[0]["port"],
+                         "log": f"{log}/latest_infer_node_rank_*.log"})
+        for r in replicas if len(replicas) > 1 else []:
+            ids = ",".join(str(g) for g in range(r["first_gpu"], r["first_gpu"] + r["num_gpus"]))
+            rows.append({"role": f"inference[{r['index']}]",
+                         "nodes": _nodes(lay.num_infer_nodes, lay.multi_node, "one replica each"),
+                         "gpus": f"inference GPU{'s' if r['num_gpus'] > 1 else ''} {ids}", "port": r["port"],
+                         "log": f"{log}/latest_infer_node_rank_*{r['suffix']}.log"})
     if context["orchestrator_config"]:
         rows.append({"role": "orchestrator", "nodes": "first train node" if lay.multi_node else "1",
                      "gpus": "0", "log": f"{log}/latest_orchestrator.log"})
@@ -188,7 +201,7 @@ def prime_validate_config(config, root):
         if per_server > d.gpus_per_node:
             key = "inference.parallel" if root == "rl" else "parallel"
             yield (f"{key}: tp × dp = {per_server} GPUs do not fit in one node (deployment.gpus_per_node = "
-                   f"{d.gpus_per_node}): each inference node runs one independent server, so lower tp or dp")
+                   f"{d.gpus_per_node}): each inference node runs dp replicas of tp GPUs, so lower tp or dp")
     if root == "rl" and d is not None and d.type == "multi_node" and config.inference is not None \
             and d.num_infer_nodes == 0:
         yield ("deployment.num_infer_nodes = 0 but this run starts an inference server: give it nodes, or set "

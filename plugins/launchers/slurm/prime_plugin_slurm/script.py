@@ -29,7 +29,7 @@ TEMPLATE_VARIABLES = (
     "python", "pre_run_command", "hf_hub_offline", "env", "num_nodes", "num_train_nodes",
     "num_infer_nodes", "gpus_per_node", "num_train_gpus", "num_infer_gpus", "trainer_role",
     "trainer_config", "orchestrator_config", "inference_config", "inference_port",
-    "bind_inference", "infer_gpu_ids", "train_gpu_ids", "rdzv_port", "torchrun_log_dir", "role_process_env", "script_path",
+    "inference_replicas", "bind_inference", "infer_gpu_ids", "train_gpu_ids", "rdzv_port", "torchrun_log_dir", "role_process_env", "script_path",
 )
 
 
@@ -100,6 +100,14 @@ def template_context(config: Any, *, root: str, lay: Layout, output_dir: Path, c
     trainer_config = configs.get(trainer_role) if trainer_role else None
     server = config.inference if root == "rl" else (config if root == "inference" else None)
     inference_config = configs.get("inference")
+    replicas = []
+    if server is not None and inference_config and lay.num_infer_nodes:
+        # `parallel.dp` replicas on every inference node, each its own config, port and `tp` GPUs.
+        from prime_core.inference.replicas import replicas as replicas_of
+
+        found, tp = replicas_of(server, Path(inference_config)), server.parallel.tp
+        replicas = [{"index": r.index, "config": str(r.config), "port": r.port, "first_gpu": r.index * tp,
+                     "num_gpus": tp, "suffix": f"_replica_{r.index}" if len(found) > 1 else ""} for r in found]
     env = dict(getattr(config, "env_vars", None) or {})
     d = config.deployment
 
@@ -136,6 +144,7 @@ def template_context(config: Any, *, root: str, lay: Layout, output_dir: Path, c
         "orchestrator_config": str(configs["orchestrator"]) if root == "rl" and "orchestrator" in configs else None,
         "inference_config": str(inference_config) if inference_config and lay.num_infer_nodes else None,
         "inference_port": server.server.port if server is not None else None,
+        "inference_replicas": replicas,
         # Servers other nodes reach bind every interface, unless the config names a host.
         "bind_inference": server is not None and "host" not in server.server.model_fields_set
         and (lay.multi_node or root == "inference"),

@@ -4,6 +4,7 @@ templates and the errors a user can cause. (test_slurm_cluster.py submits for re
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -100,7 +101,8 @@ def test_a_slurm_table_selects_the_launcher(slurm):
 
 
 def test_dense_seed_renders_one_inference_node_and_one_train_node(slurm, prime_cli, tmp_path, tripwire):
-    """The SLURM docs' dense example: 1 train + 1 inference node, 8 GPUs each, vLLM DP 8."""
+    """The SLURM docs' dense example: 1 train + 1 inference node, 8 GPUs each, DP 8 (eight
+    replicas on the inference node, every URL given to the orchestrator)."""
     out = tmp_path / "out"
     dry_run(prime_cli, "run", "@", str(SEEDS / "slurm_dense_hendrycks.toml"), out=out)
     script = out / "rl.sh"
@@ -110,7 +112,9 @@ def test_dense_seed_renders_one_inference_node_and_one_train_node(slurm, prime_c
                  f"#SBATCH --output={out}/slurm/job_%j.log", "#SBATCH --exclusive",
                  "INFER_HOSTS=(${HOSTS[@]:0:1})", "TRAIN_HOSTS=(${HOSTS[@]:1:1})",
                  'scontrol show hostnames "$SLURM_JOB_NODELIST"', "export PRIME_ROLE_PROCESS=1",
-                 f"-m prime_core inference {out}/configs/inference.json --server.host 0.0.0.0",
+                 'start "infer_node_rank_${i}_replica_7" service on "${INFER_HOSTS[$i]}" bash -c "$SLICE" slice 7 1',
+                 f"-m prime_core inference {out}/configs/inference_7.json --server.host 0.0.0.0",
+                 'URLS+=("http://${INFER_HOSTS[$i]}:8007/v1")',
                  f'-m prime_core orchestrator {out}/configs/orchestrator.json --client.base-url "${{URLS[@]}}"',
                  "--nnodes 1 --node-rank \"$r\" --nproc-per-node 8",
                  'RDZV_ENDPOINT="${TRAIN_HOSTS[0]}:29500"', f"-m prime_core trainer {out}/configs/trainer.json"):
@@ -118,6 +122,17 @@ def test_dense_seed_renders_one_inference_node_and_one_train_node(slurm, prime_c
     assert "#SBATCH --partition" not in text and "#SBATCH --account" not in text
     bash_syntax_ok(script)
     assert read(out / "configs" / "inference.json")["parallel"] == {"tp": 1, "dp": 8}
+    assert read(out / "configs" / "inference_7.json")["parallel"] == {"tp": 1, "dp": 1}
+    assert read(out / "configs" / "inference_7.json")["server"]["port"] == 8007
+    assert [row["port"] for row in read(out / "configs" / "plan.json")["placement"][:8]] == list(range(8000, 8008))
+    # Each replica sees one slice of the GPUs its step sees on the node (all 8 when unset).
+    slice_script = re.search(r"^SLICE='(.*)'$", text, re.MULTILINE).group(1)
+    for visible, expected in (("4,5,6,7,8,9,10,11", "11"), (None, "7")):
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        env.update({"CUDA_VISIBLE_DEVICES": visible} if visible else {})
+        got = subprocess.run(["bash", "-c", slice_script, "slice", "7", "1", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES"],
+                             capture_output=True, text=True, env=env).stdout.strip()
+        assert got == expected
     assert read(out / "configs" / "orchestrator.json")["batch_size"] == 128
     assert read(out / "configs" / "trainer.json")["max_steps"] == 500
     assert (out / "slurm" / "tmux.sh").exists()
@@ -175,6 +190,13 @@ def test_single_node_placement_of_the_scaling_guide(slurm, prime_cli, tmp_path):
                  'env CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" "$PYTHON" -m torch.distributed.run --standalone',
                  "--nproc-per-node 2", f"--log-dir {out}/logs/trainer/torchrun --tee 3 --local-ranks-filter 0"):
         assert line in text, line
+    replica = ('start infer_node_rank_0_replica_5 service env CUDA_VISIBLE_DEVICES="$(IFS=,; echo "${INFER_GPU_LIST[*]:5:1}")" '
+               f'"$PYTHON" -m prime_core inference {out}/configs/inference_5.json')
+    assert replica in text and 'IFS=, read -r -a INFER_GPU_LIST <<< "$INFER_GPUS"' in text
+    got = subprocess.run(["bash", "-c", 'INFER_GPUS=2,3,4,5,6,7; IFS=, read -r -a INFER_GPU_LIST <<< "$INFER_GPUS"; '
+                                        'echo "$(IFS=,; echo "${INFER_GPU_LIST[*]:5:1}")"'],
+                         capture_output=True, text=True).stdout.strip()
+    assert got == "7"
     assert "srun" not in text.split("supervise()")[-1], "one node: the roles start without srun"
     assert "--server.host 0.0.0.0" not in text, "the orchestrator is on the same node"
     bash_syntax_ok(out / "rl.sh")
@@ -200,8 +222,8 @@ def test_multi_node_sft_block(slurm, prime_cli, tmp_path, tripwire):
 def test_multi_node_inference_runs_one_server_per_node(slurm, prime_cli, tmp_path, tripwire):
     out = tmp_path / "out"
     dry_run(prime_cli, "inference", "--slurm.job-name", "serve", "--deployment.type", "multi_node",
-            "--deployment.num-nodes", "3", "--deployment.gpus-per-node", "4", "--parallel.tp", "2",
-            "--parallel.dp", "2", "--model.name", "m", "--server.port", "8100", out=out)
+            "--deployment.num-nodes", "3", "--deployment.gpus-per-node", "4", "--parallel.tp", "4",
+            "--model.name", "m", "--server.port", "8100", out=out)
     text = (out / "inference.sh").read_text()
     for line in ("#SBATCH --nodes=3", "#SBATCH --gpus-per-node=4", "INFER_HOSTS=(${HOSTS[@]:0:3})",
                  'start "infer_node_rank_$i" main on "${INFER_HOSTS[$i]}"',
@@ -211,6 +233,25 @@ def test_multi_node_inference_runs_one_server_per_node(slurm, prime_cli, tmp_pat
     bash_syntax_ok(out / "inference.sh")
     node = read(out / "configs" / "inference_node.json")
     assert node["deployment"] == {"type": "single_node", "num_gpus": 4} and node["slurm"] is None
+
+
+def test_multi_node_inference_runs_every_replica_on_every_node(slurm, prime_cli, tmp_path, tripwire):
+    out = tmp_path / "out"
+    dry_run(prime_cli, "inference", "--slurm.job-name", "serve", "--deployment.type", "multi_node",
+            "--deployment.num-nodes", "3", "--deployment.gpus-per-node", "4", "--parallel.tp", "2",
+            "--parallel.dp", "2", "--model.name", "m", "--server.port", "8100", out=out)
+    text = (out / "inference.sh").read_text()
+    for line in ('start "infer_node_rank_${i}_replica_0" main on "${INFER_HOSTS[$i]}" bash -c "$SLICE" slice 0 2',
+                 f"-m prime_core inference {out}/configs/inference_node_0.json --server.host 0.0.0.0",
+                 'start "infer_node_rank_${i}_replica_1" main on "${INFER_HOSTS[$i]}" bash -c "$SLICE" slice 2 2',
+                 f"-m prime_core inference {out}/configs/inference_node_1.json --server.host 0.0.0.0",
+                 'URLS+=("http://${INFER_HOSTS[$i]}:8100/v1")', 'URLS+=("http://${INFER_HOSTS[$i]}:8101/v1")'):
+        assert line in text, line
+    bash_syntax_ok(out / "inference.sh")
+    for i in range(2):
+        replica = read(out / "configs" / f"inference_node_{i}.json")
+        assert replica["parallel"] == {"tp": 2, "dp": 1} and replica["server"]["port"] == 8100 + i
+        assert replica["deployment"] == {"type": "single_node", "num_gpus": 4} and replica["slurm"] is None
     too_big = prime_cli("inference", "--slurm.job-name", "serve", "--deployment.type", "multi_node",
                         "--deployment.gpus-per-node", "4", "--parallel.tp", "4", "--parallel.dp", "2",
                         "--output-dir", str(tmp_path / "o2"))

@@ -16,9 +16,10 @@ kept by torchrun under ``output_dir/logs/trainer/torchrun/node_K/`` and by the r
 Network variables (``MASTER_ADDR``, ``NCCL_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``, ...) are
 passed to the ranks and recorded in the plan.
 
-For ``prime run``, node 0 also starts the orchestrator, and the inference server when the
-deployment is single-node (GPUs in order: inference first, then the trainer); a multi-node
-deployment's inference runs on its own nodes (``prime inference configs/inference.json``).
+For ``prime run``, node 0 also starts the orchestrator, and the inference servers (one per
+replica of ``inference.parallel.dp``) when the deployment is single-node (GPUs in order:
+inference first, then the trainer); a multi-node deployment's inference runs on its own
+nodes (``prime inference configs/inference.json``).
 """
 
 from __future__ import annotations
@@ -139,9 +140,23 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
     result = LaunchPlan(launcher="torchrun", output_dir=output_dir, node_rank=rank,
                         total_steps=getattr(config, "max_steps", None))
     for name in local_roles:
-        result.processes.append(RoleProcess(role=name, command=role_command(name, configs[name]), config=configs[name],
-                                            log=logs / f"{name}.log", env=env_for(name),
-                                            service=name == "inference"))
+        if name != "inference":
+            result.processes.append(RoleProcess(role=name, command=role_command(name, configs[name]),
+                                                config=configs[name], log=logs / f"{name}.log", env=env_for(name)))
+            continue
+        # One `prime inference` per replica (its own config and port), `tp` GPUs each.
+        from prime_core.inference.replicas import replicas
+
+        found, tp = replicas(config.inference, configs["inference"]), config.inference.parallel.tp
+        several = len(found) > 1
+        for replica in found:
+            role_name = f"inference[{replica.index}]" if several else "inference"
+            if several and gpus is not None:
+                gpus[role_name] = gpus["inference"][replica.index * tp:(replica.index + 1) * tp]
+            result.processes.append(RoleProcess(
+                role=role_name, command=role_command("inference", replica.config), config=replica.config,
+                log=logs / (f"inference_{replica.index}.log" if several else "inference.log"),
+                env=env_for(role_name), service=True))
     first = rank * nproc
     result.processes.append(RoleProcess(
         role=role,

@@ -124,7 +124,8 @@ def test_rl_single_node_places_inference_before_the_trainer(torchrun_cli, tmp_pa
                  env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
     plan = plan_of(out)
     gpus = {p["role"]: p["env"].get("CUDA_VISIBLE_DEVICES") for p in plan["processes"]}
-    assert gpus == {"inference": "0,1", "orchestrator": None, "trainer": "2,3"}
+    assert gpus == {"inference[0]": "0", "inference[1]": "1", "orchestrator": None, "trainer": "2,3"}
+    assert plan["commands"][1].endswith(f"prime inference {out / 'configs' / 'inference_1.json'}")
     assert "--standalone --nproc-per-node 2" in plan["commands"][-1]
 
 
