@@ -217,6 +217,7 @@ def test_trainer_and_orchestrator_log_into_one_offline_run(installed_plugins, pr
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 6
 
 
+@pytest.mark.slow  # a real `prime sft` process: ~30 s on 2 shared cores
 def test_sft_logs_into_its_own_offline_run(no_account, tmp_path):
     from prime_plugin_hf.tiny import build_tiny
 
