@@ -217,6 +217,57 @@ def test_trainer_and_orchestrator_log_into_one_offline_run(installed_plugins, pr
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 6
 
 
+@pytest.fixture
+def failing_server():
+    """A server on the loopback that answers every request with HTTP 500 (stops with the test)."""
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.5)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(2)
+                try:
+                    conn.recv(65536)
+                    conn.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join(5)
+    server.close()
+
+
+@pytest.mark.slow  # wandb gives up on the broken server after its 30 s init timeout
+def test_a_server_that_fails_means_offline_not_a_failed_run(no_account, failing_server, tmp_path):
+    script = tmp_path / "sft.py"
+    script.write_text("from types import SimpleNamespace\n"
+                      "from prime_plugin_wandb.config import WandbConfig\n"
+                      "from prime_plugin_wandb.monitor import WandbMonitor\n"
+                      "sink = WandbMonitor(SimpleNamespace(wandb=WandbConfig()), output_dir='out', role='sft')\n"
+                      "sink.log({'loss': 2.5}, 1)\n"
+                      "sink.close()\n")
+    env = {**no_account, "WANDB_API_KEY": "0" * 40, "WANDB_BASE_URL": failing_server}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                            timeout=240, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "online init failed" in result.stdout
+    assert "OFFLINE mode, because of: the online run could not start" in result.stdout
+    run_id = (tmp_path / "out" / "logs" / "wandb-run-id").read_text().strip()
+    (folder,) = (tmp_path / "out" / "wandb").glob(f"offline-run-*-{run_id}")
+    assert [r["sft/loss"] for r in history(folder, no_account)] == [2.5]
+
+
 @pytest.mark.slow  # a real `prime sft` process: ~30 s on 2 shared cores
 def test_sft_logs_into_its_own_offline_run(no_account, tmp_path):
     from prime_plugin_hf.tiny import build_tiny
