@@ -25,16 +25,24 @@ pytest_plugins = ["prime_core.testing"]
 
 SEEDS = Path(__file__).resolve().parents[4] / "examples" / "seeds"
 ROLE_SCRIPT = """
+import asyncio
 import sys
 from prime_core.cli.common import load_config
 from prime_core.metrics import MetricsLogger
 
 role, path = sys.argv[1], sys.argv[2]
 config = load_config(role, [path])          # the role's resolved config, as `prime <role> FILE` loads it
-metrics = MetricsLogger(config, role=role, output_dir=config.output_dir)   # as the role builds it
-for step in range(1, 4):
-    metrics.log(step, {"loss": 1.0 / step, "env_rewards": {"arithmetic": step / 10}})
-metrics.close()
+
+def run():
+    metrics = MetricsLogger(config, role=role, output_dir=config.output_dir)   # as the role builds it
+    for step in range(1, 4):
+        metrics.log(step, {"loss": 1.0 / step, "env_rewards": {"arithmetic": step / 10}})
+    metrics.close()
+
+async def in_event_loop():  # the orchestrator builds and uses its MetricsLogger inside its asyncio loop
+    run()
+
+asyncio.run(in_event_loop()) if role == "orchestrator" else run()
 """
 
 
