@@ -1,0 +1,1 @@
+"""prime-plugin-tensorboard: metrics as TensorBoard event files."""

@@ -1,0 +1,1 @@
+"""prime-plugin-wandb: metrics to Weights & Biases."""
