@@ -61,7 +61,7 @@ def replica_data(data: dict, index: int) -> dict:
 def write_replicas(data: dict, path: Path) -> list[Path]:
     """Write the replica files of the dumped inference config ``data`` (already written to
     ``path``); stale replica files of an earlier, larger ``dp`` are removed."""
-    from prime_core.launch.plan import atomic_write_text
+    from prime_core.run_dir import atomic_write_text
 
     path = Path(path)
     paths = replica_paths(path, data["parallel"]["dp"])

@@ -55,7 +55,7 @@ class Orchestrator:
         manager = get_plugin_manager()
         if not config.env:
             raise ConfigError(["orchestrator.env: no environment configured; add one, e.g. "
-                               "[[orchestrator.env]] id = \"reverse_text\" (see `prime plugins list`)"])
+                               "[[orchestrator.env]] id = \"NAME\" with a NAME `prime plugins list` shows"])
         self.envs = []
         for i, env in enumerate(config.env):
             spec = manager.select("environments", env.id, key=f"orchestrator.env[{i}].id")

@@ -21,7 +21,8 @@ those dimensions; that ``enabled`` answers a bool and is off with its keys at th
 on one process (unless ``on_by_default``) and on for every case; and, for each case, that
 training ``steps`` optimizer steps in ``processes`` processes matches one eager process
 (losses, and the final weights under their published names) with the strategy in the
-applied list, and that a checkpoint written there resumes in one process to the same result.
+applied list, and that a checkpoint written there resumes in one process (its degrees set to
+1) to the same result.
 
 The cases run in subprocesses (``python -m prime_core.parity`` under torchrun) that load the
 *installed* plugins: install the plugin under test (``pip install -e .``) before running it.
@@ -114,15 +115,19 @@ def check_parity(spec, results: Path, case: dict, processes: int, tolerance: dic
                             f"process: {exc}") from None
 
 
-def check_resume(model_dir: Path, results: Path, case: dict, out: Path, tolerance: dict) -> None:
-    """The checkpoint written at ``ckpt_step`` in the case's processes, loaded by one process,
-    continues to the reference's losses and weights."""
+def check_resume(spec, manager, model_dir: Path, results: Path, case: dict, out: Path, tolerance: dict) -> None:
+    """The checkpoint written at ``ckpt_step`` in the case's processes, loaded by one process
+    (the strategy's parallel degrees set to 1), continues to the reference's losses and weights."""
     import torch
 
     from prime_core.parity import compare, run
 
+    keys = dict(case.get("model", {}))
+    if spec.degrees is not None:
+        keys.update({dim: 1 for dim in spec.degrees(model_config(manager, **keys))})
+    one = {**case, "model": keys}
     shutil.copytree(results / case["name"], out / case["name"])
-    run(model_dir, out, [case], processes=1, load_ckpt=True)
+    run(model_dir, out, [one], processes=1, load_ckpt=True)
     reference = torch.load(results / f"{case['name']}.reference.pt", weights_only=False)
     resumed = torch.load(out / f"{case['name']}.pt", weights_only=False)
     expect(len(resumed["losses"]) == len(reference["losses"]) - case["ckpt_step"],
@@ -132,7 +137,8 @@ def check_resume(model_dir: Path, results: Path, case: dict, out: Path, toleranc
     try:
         compare(trimmed, out / f"{case['name']}.pt", **tolerance)
     except AssertionError as exc:
-        raise ContractError(f"case {case['name']!r}: the checkpoint did not resume in one process: {exc}") from None
+        raise ContractError(f"strategy '{spec.name}', case {case['name']!r}: the checkpoint written by several "
+                            f"processes did not resume in one: {exc}") from None
 
 
 class ParallelStrategyContract(Contract):
@@ -194,8 +200,8 @@ class ParallelStrategyContract(Contract):
         for case in cases:
             check_parity(spec, out, case, self.processes, self.tolerance)
 
-    def test_checkpoint_resumes_in_one_process(self, runs, model_dir, tmp_path):
+    def test_checkpoint_resumes_in_one_process(self, spec, manager, runs, model_dir, tmp_path):
         if not self.resume:
-            pytest.skip("resume = False")
+            pytest.skip("resume = False: the strategy changes no parameter or checkpoint layout")
         out, cases = runs
-        check_resume(model_dir, out, cases[0], tmp_path, self.tolerance)
+        check_resume(spec, manager, model_dir, out, cases[0], tmp_path, self.tolerance)

@@ -3,6 +3,7 @@ against float64 within FP8's error, and against their declared reference, the em
 backend. deep_gemm and torch need a CUDA GPU and skip with the reason elsewhere."""
 
 from prime_core.testing.contracts.kernel import KernelContract
+from prime_core.testing.contracts.parallel_strategy import ParallelStrategyContract
 
 
 class TestEmulated(KernelContract):
@@ -22,3 +23,13 @@ class TestTorch(TestEmulated):
 class TestDeepGemm(TestEmulated):
     name = "fp8_linear:deep_gemm"
     dtypes = ("bfloat16",)
+
+
+class TestStrategy(ParallelStrategyContract):
+    """``quantization = "fp8"`` under FSDP on 2 processes matches one eager FP8 process."""
+
+    name = "fp8"
+    resume = False  # the conversion keeps every Parameter: the fsdp suite checks resuming
+    # SGD: Adam turns FP8 rounding flips of near-zero gradients into whole steps
+    cases = [{"name": "custom_fp8", "model": {"impl": "custom", "quantization": "fp8"},
+              "optim": {"type": "sgd", "lr": 0.1}}]

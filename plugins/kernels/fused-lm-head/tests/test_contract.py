@@ -2,6 +2,7 @@
 lm_head:fused_triton runs where a CUDA GPU and Triton are, and skips with the reason elsewhere."""
 
 from prime_core.testing.contracts.kernel import KernelContract
+from prime_core.testing.contracts.parallel_strategy import ParallelStrategyContract
 
 
 class TestFused(KernelContract):
@@ -17,3 +18,11 @@ class TestFusedTorch(TestFused):
 class TestFusedTriton(TestFused):
     name = "lm_head:fused_triton"
     dtypes = ("float32", "bfloat16")
+
+
+class TestStrategy(ParallelStrategyContract):
+    """The chunked head under FSDP on 2 processes matches one eager process with the same head."""
+
+    name = "fused_lm_head"
+    resume = False  # it adds no parameter: the fsdp suite checks resuming
+    cases = [{"name": "custom_fused_head", "model": {"impl": "custom", "fused_lm_head_token_chunk_size": 16}}]

@@ -13,7 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from prime_plugin_liger import plugin
+from prime_plugin_liger import hf as liger_hf
+from prime_plugin_liger import lm_head as liger_lm_head
+from prime_plugin_liger import ops, plugin
 
 from prime_core import PLUGIN_API_VERSION
 from prime_core.errors import PluginError
@@ -155,7 +157,7 @@ def test_rmsnorm_is_the_native_norm_and_leaves_the_upstream_gradient_alone(fake_
     with torch.no_grad():
         norm.weight.copy_(1 + 0.1 * torch.randn(16, generator=torch.Generator().manual_seed(3)))
     x = _randn(5, 3, 16)
-    out = plugin._rmsnorm(x, norm.weight, norm.eps)
+    out = ops.rmsnorm(x, norm.weight, norm.eps)
     x_ref = x.detach().clone().requires_grad_()
     torch.testing.assert_close(out, norm(x_ref))
     assert fake_liger.functional.calls == [("rms_norm", {"casting_mode": "llama", "in_place": False, "offset": 0.0})]
@@ -164,7 +166,7 @@ def test_rmsnorm_is_the_native_norm_and_leaves_the_upstream_gradient_alone(fake_
 
 def test_swiglu_is_silu_gate_times_up(fake_liger):
     gate, up = _randn(7, 12), _randn(7, 12, seed=1)
-    out = plugin._swiglu(gate, up)
+    out = ops.swiglu(gate, up)
     torch.testing.assert_close(out, F.silu(gate) * up)
     assert [name for name, _ in fake_liger.functional.calls] == ["swiglu"]
 
@@ -177,7 +179,7 @@ def test_rope_matches_apply_rotary_and_leaves_q_and_k_alone(fake_liger):
     cos, sin = rotary(positions, torch.float32)
     q, k = _randn(9, 4, 8), _randn(9, 2, 8, seed=1)
     before = q.detach().clone(), k.detach().clone()
-    q_rot, k_rot = plugin._rope(q, k, cos, sin)
+    q_rot, k_rot = ops.rope(q, k, cos, sin)
     assert fake_liger.functional.calls == [("rope", {"q": (1, 4, 9, 8), "cos": (1, 9, 8)})]
     assert torch.equal(q, before[0]) and torch.equal(k, before[1]), "liger's in-place rotation reached the inputs"
     assert q_rot.shape == q.shape and k_rot.shape == k.shape
@@ -206,7 +208,7 @@ def test_lm_head_sft_loss_matches_eager_through_a_buggy_reduction_none(fake_lige
     if temperature == "per-token":
         temperature = 0.5 + torch.rand(n, generator=torch.Generator().manual_seed(4))
     mask = (torch.arange(n) % 3 != 0).float()
-    logp, entropy = plugin._lm_head(hidden, weight, targets, temperature, token_chunk="auto", with_entropy=False)
+    logp, entropy = liger_lm_head.liger_logprobs(hidden, weight, targets, temperature, token_chunk="auto", with_entropy=False)
     assert entropy is None and logp.dtype == torch.float32 and logp.shape == (n,)
     ref_hidden, ref_weight = (t.detach().clone().requires_grad_() for t in (hidden, weight))
     ref = _eager_logprobs(ref_hidden, ref_weight, targets, temperature)
@@ -223,13 +225,13 @@ def test_lm_head_sft_loss_matches_eager_through_a_buggy_reduction_none(fake_lige
 def test_lm_head_with_a_frozen_head_or_everything_masked(fake_liger):
     hidden, weight = _randn(6, 8), _randn(20, 8, seed=1).detach()
     targets = torch.randint(0, 20, (6,), generator=torch.Generator().manual_seed(2))
-    logp, _ = plugin._lm_head(hidden, weight, targets, with_entropy=False)
+    logp, _ = liger_lm_head.liger_logprobs(hidden, weight, targets, with_entropy=False)
     (grad,) = torch.autograd.grad(-logp.sum(), hidden)
     ref_hidden = hidden.detach().clone().requires_grad_()
     (ref_grad,) = torch.autograd.grad(-_eager_logprobs(ref_hidden, weight, targets).sum(), ref_hidden)
     torch.testing.assert_close(grad, ref_grad, atol=1e-5, rtol=1e-5)
 
-    logp, _ = plugin._lm_head(hidden, weight, targets, with_entropy=False)
+    logp, _ = liger_lm_head.liger_logprobs(hidden, weight, targets, with_entropy=False)
     (grad,) = torch.autograd.grad((logp * 0).sum(), hidden)
     assert torch.equal(grad, torch.zeros_like(hidden))
 
@@ -238,18 +240,18 @@ def test_lm_head_refuses_what_liger_cannot_give(fake_liger):
     hidden, weight = _randn(4, 8), _randn(10, 8, seed=1)
     targets = torch.tensor([1, 2, 3, 4])
     with pytest.raises(ValueError, match="no entropy.*lm_head:fused"):
-        plugin._lm_head(hidden, weight, targets, with_entropy=True)
-    logp, _ = plugin._lm_head(hidden, weight, targets, with_entropy=False)
+        liger_lm_head.liger_logprobs(hidden, weight, targets, with_entropy=True)
+    logp, _ = liger_lm_head.liger_logprobs(hidden, weight, targets, with_entropy=False)
     advantages = torch.tensor([0.5, -1.0, 0.0, 2.0])
     with pytest.raises(RuntimeError, match="weights tokens unequally.*lm_head:fused"):
         (logp * advantages).sum().backward()
     with pytest.raises(ValueError, match="targets must be int64"):
-        plugin._lm_head(hidden, weight, targets.int(), with_entropy=False)
+        liger_lm_head.liger_logprobs(hidden, weight, targets.int(), with_entropy=False)
 
 
 def test_lm_head_on_no_tokens(fake_liger):
     hidden, weight = _randn(0, 8), _randn(10, 8, seed=1)
-    logp, _ = plugin._lm_head(hidden, weight, torch.zeros(0, dtype=torch.long), with_entropy=False)
+    logp, _ = liger_lm_head.liger_logprobs(hidden, weight, torch.zeros(0, dtype=torch.long), with_entropy=False)
     assert logp.shape == (0,) and fake_liger.functional.calls == []
     logp.sum().backward()
 
@@ -263,7 +265,7 @@ def _hf_model(model_type):
 
 def test_hf_patch_calls_liger_for_the_model_type_without_its_loss(fake_liger):
     model = _hf_model("qwen3")
-    assert plugin._hf_patch(model) is model
+    assert liger_hf.apply_to_hf(model) is model
     assert fake_liger.transformers.calls == [("qwen3", {
         "rope": True, "cross_entropy": False, "fused_linear_cross_entropy": False, "rms_norm": True, "swiglu": True,
         "model": model})]
@@ -271,14 +273,14 @@ def test_hf_patch_calls_liger_for_the_model_type_without_its_loss(fake_liger):
 
 def test_hf_patch_passes_only_what_the_release_accepts(fake_liger):
     model = _hf_model("llama")
-    plugin._hf_patch(model, rope=False)
+    liger_hf.apply_to_hf(model, rope=False)
     [(name, kwargs)] = fake_liger.transformers.calls
     assert name == "llama" and "swiglu" not in kwargs and kwargs["rope"] is False and kwargs["model"] is model
 
 
 def test_hf_patch_refuses_what_it_cannot_patch(fake_liger):
     with pytest.raises(ValueError, match="no patch for model type 'gpt2'; supported: llama, qwen2, qwen3, qwen3_moe"):
-        plugin._hf_patch(_hf_model("gpt2"))
+        liger_hf.apply_to_hf(_hf_model("gpt2"))
     with pytest.raises(ValueError, match="has no apply_liger_kernel_to_qwen2: pip install -U liger-kernel"):
-        plugin._hf_patch(_hf_model("qwen2"))
+        liger_hf.apply_to_hf(_hf_model("qwen2"))
     assert fake_liger.transformers.calls == []

@@ -3,16 +3,11 @@ the published adapter is in the PEFT layout vLLM reads."""
 
 import pytest
 
-from prime_core import PLUGIN_API_VERSION
-from prime_core.parity import TINY, check
-
 import prime_plugin_lora.plugin as plugin
+from prime_core import PLUGIN_API_VERSION
+from prime_core.testing.contracts.parallel_strategy import ParallelStrategyContract
 
 pytest_plugins = ["prime_core.testing"]
-
-CASES = [{"name": "lora", "model": {"impl": "hf", "lora": {"rank": 4, "alpha": 8}}},
-         {"name": "lora_ac", "model": {"impl": "hf", "lora": {"rank": 8, "target_modules": ["q_proj", "v_proj"]},
-                                       "ac": {"freq": 1}}}]
 
 
 def _model():
@@ -73,14 +68,21 @@ def test_unknown_targets_and_modules_to_save_are_refused():
     assert problems and "modules_to_save" in problems[0]
 
 
-def test_fsdp_lora_matches_a_single_process(tmp_path):
-    from prime_plugin_hf.tiny import build_tiny
+class TestLoRA(ParallelStrategyContract):
+    name = "lora"
+    cases = [{"name": "lora", "model": {"impl": "hf", "lora": {"rank": 4, "alpha": 8}}},
+             {"name": "lora_ac", "model": {"impl": "hf", "lora": {"rank": 8, "target_modules": ["q_proj", "v_proj"]},
+                                           "ac": {"freq": 1}}}]
 
-    results = check(build_tiny(tmp_path / "tiny", **TINY), tmp_path / "out", CASES, processes=2)
-    for got in results.values():
-        assert got["applied"][0] == "lora" and "fsdp" in got["applied"]
-        assert all(".lora_" in key for key in got["state"])
-        assert any(".lora_B." in k and v.abs().max() > 0 for k, v in got["state"].items())  # it trained
+    def test_only_the_adapters_train_and_are_published(self, runs):
+        import torch
+
+        out, cases = runs
+        for case in cases:
+            got = torch.load(out / f"{case['name']}.pt", weights_only=False)
+            assert got["applied"][0] == "lora" and "fsdp" in got["applied"]
+            assert all(".lora_" in key for key in got["state"])
+            assert any(".lora_B." in k and v.abs().max() > 0 for k, v in got["state"].items())  # it trained
 
 
 def test_merged_adapter_gives_the_trained_models_outputs(tmp_path, prime_cli):

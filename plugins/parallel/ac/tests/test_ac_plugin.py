@@ -1,48 +1,33 @@
 """prime-plugin-ac: full and selective checkpointing and activation offloading change memory,
-not numbers: 2 gloo processes with FSDP match a single eager process over several steps."""
-
-import pytest
-
-from prime_core import PLUGIN_API_VERSION
-from prime_core.parity import TINY, compare, run
+not numbers: 2 gloo processes with FSDP match a single eager process over several steps (the
+parallel-strategy contract suite)."""
 
 import prime_plugin_ac.plugin as plugin
+from prime_core import PLUGIN_API_VERSION
+from prime_core.testing.contracts.parallel_strategy import ParallelStrategyContract
 
-CASES = [
-    {"name": "ac_full", "model": {"impl": "hf", "ac": {"freq": 1}}},
-    {"name": "ac_every_other", "model": {"impl": "hf", "ac": {"freq": 2}}},
-    {"name": "ac_selective", "model": {"impl": "hf", "ac": {"mode": "selective", "targets": ["norm", "attn_proj", "mlp_proj"]}}},
-    {"name": "ac_offloading", "model": {"impl": "hf", "ac": {"freq": 1}, "ac_offloading": {"max_inflight_activations": 1}}},
-    {"name": "offloading_alone", "model": {"impl": "hf", "ac_offloading": {"max_inflight_activations": 5}}},
-]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from prime_plugin_hf.tiny import build_tiny
-
-    return build_tiny(tmp_path_factory.mktemp("m") / "tiny", **TINY)
-
-
-@pytest.fixture(scope="module")
-def results(tiny, tmp_path_factory):
-    out = tmp_path_factory.mktemp("parity")
-    run(tiny, out, CASES, reference=True)
-    run(tiny, out, CASES, processes=2)
-    return out
+HF = {"impl": "hf"}
 
 
 def test_declares_the_plugin_api():
     assert plugin.PRIME_PLUGIN_API == PLUGIN_API_VERSION
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])
-def test_matches_a_single_process(results, case):
-    import torch
+class TestCheckpointing(ParallelStrategyContract):
+    name = "ac"
+    resume = False  # wrappers change no parameter: the fsdp suite checks resuming
+    cases = [
+        {"name": "ac_full", "model": {**HF, "ac": {"freq": 1}}},
+        {"name": "ac_every_other", "model": {**HF, "ac": {"freq": 2}}},
+        {"name": "ac_selective", "model": {**HF, "ac": {"mode": "selective", "targets": ["norm", "attn_proj", "mlp_proj"]}}},
+        {"name": "ac_offloading", "model": {**HF, "ac": {"freq": 1}, "ac_offloading": {"max_inflight_activations": 1}}},
+    ]
 
-    compare(results / f"{case['name']}.reference.pt", results / f"{case['name']}.pt")
-    applied = torch.load(results / f"{case['name']}.pt", weights_only=False)["applied"]
-    assert set(applied) == {"fsdp", *case["model"]}
+
+class TestActivationOffloading(ParallelStrategyContract):
+    name = "ac_offloading"
+    resume = False
+    cases = [{"name": "offloading_alone", "model": {**HF, "ac_offloading": {"max_inflight_activations": 5}}}]
 
 
 def _model():
