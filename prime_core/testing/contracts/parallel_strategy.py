@@ -40,22 +40,25 @@ from prime_core.testing.contracts import Contract, ContractError, expect
 
 
 def tiny_model(folder: Path, *, experts: int = 0) -> Path:
-    """A tiny random Qwen3 (or Qwen3-MoE with ``experts``) with the shapes of the parity tests."""
+    """A tiny random Qwen3 (or Qwen3-MoE with ``experts``) shaped like ``prime_core.parity.TINY``,
+    with tied embeddings, as the first-party parity tests use."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from prime_core.parity import TINY
 
-    shape = dict(vocab_size=256, hidden_size=TINY["hidden_size"], num_hidden_layers=TINY["num_layers"],
+    hidden = TINY["hidden_size"]
+    shape = dict(vocab_size=320, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=TINY["num_layers"],
                  num_attention_heads=TINY["num_heads"], num_key_value_heads=TINY["num_kv_heads"],
-                 head_dim=TINY["head_dim"], max_position_embeddings=512, tie_word_embeddings=False)
+                 head_dim=TINY["head_dim"], max_position_embeddings=512, tie_word_embeddings=True)
     torch.manual_seed(0)
     if experts:
-        config = Qwen3MoeConfig(**shape, intermediate_size=96, moe_intermediate_size=48, num_experts=experts,
-                                num_experts_per_tok=2, decoder_sparse_step=1, architectures=["Qwen3MoeForCausalLM"])
+        config = Qwen3MoeConfig(**shape, moe_intermediate_size=hidden // 2, num_experts=experts,
+                                num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
+                                norm_topk_prob=True, architectures=["Qwen3MoeForCausalLM"])
         model = Qwen3MoeForCausalLM(config)
     else:
-        model = Qwen3ForCausalLM(Qwen3Config(**shape, intermediate_size=96, architectures=["Qwen3ForCausalLM"]))
+        model = Qwen3ForCausalLM(Qwen3Config(**shape, architectures=["Qwen3ForCausalLM"]))
     model.save_pretrained(folder)
     return Path(folder)
 

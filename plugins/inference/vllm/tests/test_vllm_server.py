@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from prime_core.testing.contracts.inference_backend import InferenceBackendContract
+
 from prime_core.errors import PrimeError
 from prime_core.inference.config import InferenceConfig
 
@@ -497,6 +499,16 @@ def test_orchestrator_runs_on_a_backend_registered_in_process(role, admin, tiny,
     assert [r["step"] for r in rows] == [1, 2] and all(r["weights_version"] == 1 for r in rows)
     batch = json.loads((out / "rollouts" / "step_1" / "batch.json").read_text())
     assert batch["info"]["versions"] == [1]
+
+
+class TestVLLMContract(InferenceBackendContract):
+    """The inference-backend contract suite, on this module's server (one vLLM start)."""
+
+    name = "vllm"
+
+    @pytest.fixture(scope="class")
+    def served(self, role, tiny):
+        return role.base_url, Path(tiny)
 
 
 def test_sigterm_stops_the_role_and_every_vllm_process(role):

@@ -2,6 +2,8 @@
 not numbers: 2 gloo processes with FSDP match a single eager process over several steps (the
 parallel-strategy contract suite)."""
 
+import pytest
+
 import prime_plugin_ac.plugin as plugin
 from prime_core import PLUGIN_API_VERSION
 from prime_core.testing.contracts.parallel_strategy import ParallelStrategyContract
