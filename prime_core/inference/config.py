@@ -30,7 +30,6 @@ class InferenceParallelConfig(Section):
 class InferenceModelConfig(ModelRef):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     max_model_len: int | None = Field(default=None, ge=1)
-    enforce_eager: bool = False
 
 
 class InferenceLoRAConfig(Section):

@@ -48,9 +48,12 @@ def tiny_model(folder: Path, *, experts: int = 0) -> Path:
     from prime_core.parity import TINY
 
     hidden = TINY["hidden_size"]
+    # The byte-level tiny models of the first-party tests: 260 tokens (the last two end of turn
+    # and padding, whose embedding row stays zero) rounded up to 320.
     shape = dict(vocab_size=320, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=TINY["num_layers"],
                  num_attention_heads=TINY["num_heads"], num_key_value_heads=TINY["num_kv_heads"],
-                 head_dim=TINY["head_dim"], max_position_embeddings=512, tie_word_embeddings=True)
+                 head_dim=TINY["head_dim"], max_position_embeddings=4096, tie_word_embeddings=True,
+                 eos_token_id=258, pad_token_id=259, bos_token_id=None)
     torch.manual_seed(0)
     if experts:
         config = Qwen3MoeConfig(**shape, moe_intermediate_size=hidden // 2, num_experts=experts,

@@ -9,7 +9,7 @@ by the server process and when ``VLLMServer``/``VLLMClient`` are used.
 from __future__ import annotations
 
 from prime_core import hookimpl
-from prime_core.specs import InferenceBackend
+from prime_core.specs import ConfigSection, InferenceBackend
 
 PRIME_PLUGIN_API = 1
 
@@ -23,6 +23,11 @@ def available() -> str | None:
     if find_spec("vllm") is None:
         return f"vllm is not installed: {INSTALL_HINT}"
     return None
+
+
+@hookimpl
+def prime_config_sections():
+    return [ConfigSection(name="inference.model", model="prime_plugin_vllm.config:VLLMModelKeys", merge=True)]
 
 
 @hookimpl

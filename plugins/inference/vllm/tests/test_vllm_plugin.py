@@ -14,7 +14,7 @@ import pytest
 import prime_plugin_vllm.plugin as plugin
 from prime_core import PLUGIN_API_VERSION, hookimpl
 from prime_core.errors import PluginError, PrimeError
-from prime_core.inference.config import InferenceConfig
+from prime_core.config.checks import schema_for
 from prime_core.plugins import PluginManager
 from prime_core.specs import InferenceBackend
 from prime_plugin_vllm.server import CPU_KV_CACHE_BYTES, VLLMServer, option_argv
@@ -22,13 +22,13 @@ from prime_plugin_vllm.server import CPU_KV_CACHE_BYTES, VLLMServer, option_argv
 pytest_plugins = ["prime_core.testing"]
 
 
-def make_config(tmp_path: Path, **overrides) -> InferenceConfig:
+def make_config(tmp_path: Path, **overrides):
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     data = {"model": {"name": str(model)}, "output_dir": str(tmp_path / "out")}
     for key, value in overrides.items():
         data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) and key != "args" else value
-    return InferenceConfig.model_validate(data)
+    return schema_for("inference").model_validate(data)
 
 
 def flag_values(argv: list[str], flag: str) -> list[str]:

@@ -21,7 +21,7 @@ import pytest
 from prime_core.testing.contracts.inference_backend import InferenceBackendContract
 
 from prime_core.errors import PrimeError
-from prime_core.inference.config import InferenceConfig
+from prime_core.config.checks import schema_for
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
@@ -85,7 +85,7 @@ def sandbox(tmp_path_factory):
 def test_never_healthy_server_times_out_and_is_stopped(tiny, sandbox):
     from prime_plugin_vllm.server import VLLMServer
 
-    config = InferenceConfig.model_validate({
+    config = schema_for("inference").model_validate({
         "model": {"name": str(tiny), "dtype": "float32", "enforce_eager": True},
         "server": {"port": free_port()}, "output_dir": str(sandbox / "never"),
     })
