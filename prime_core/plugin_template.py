@@ -59,6 +59,20 @@ def _kinds(name: str) -> dict[str, dict[str, str]]:
             "registry": "weight_transports", "root": "trainer", "select": _tokens("--weight-broadcast.type", name),
             "select_typo": _tokens("--weight-broadcast.type", name + "x"),
             "usage": f'Move weights with it:\n\n    [weight_broadcast]\n    type = "{name}"'},
+        "router": {
+            "noun": "router", "hook": "prime_routers", "code": "router", "registry": "routers",
+            "root": "orchestrator", "select": _tokens("--client.router", name),
+            "select_typo": _tokens("--client.router", name + "x"),
+            "usage": f'Route requests with it:\n\n    [orchestrator.client]\n    router = "{name}"'},
+        "inference_backend": {
+            "noun": "inference backend", "hook": "prime_inference_backends", "code": "server",
+            "registry": "inference_backends", "root": "inference", "select": _tokens("--backend", name),
+            "select_typo": _tokens("--backend", name + "x"),
+            "usage": f'Serve with it:\n\n    [inference]\n    backend = "{name}"'},
+        "parallel_strategy": {
+            "noun": "parallel strategy", "hook": "prime_parallel_strategies, prime_config_sections",
+            "code": "strategy", "registry": "parallel_strategies",
+            "usage": f'Turn it on:\n\n    [trainer.model]\n    {name}_every = 2'},
         "algorithm": {
             "noun": "advantage estimator", "hook": "prime_algorithms", "code": "advantage", "registry": "algorithms",
             "key": f"advantage:{name}",

@@ -41,7 +41,8 @@ def test_new_plugin_installs_and_works(prime_cli, plugin_manager, tmp_path):
     assert tests.returncode == 0, tests.stdout + tests.stderr
 
 
-KINDS = ("environment", "monitor", "launcher", "kernel", "model_impl", "weight_transport", "algorithm")
+KINDS = ("environment", "monitor", "launcher", "kernel", "model_impl", "weight_transport", "algorithm", "router",
+         "inference_backend", "parallel_strategy")
 
 
 def install_as_dist_info(project, site):
@@ -60,7 +61,7 @@ def install_as_dist_info(project, site):
         shutil.copytree(package, site / package.name)
 
 
-@pytest.mark.slow  # ~30 s on 2 idle cores: seven generated plugins' own tests, contract suites included
+@pytest.mark.slow  # ~2 min on 2 idle cores: ten generated plugins' own tests, contract suites included
 def test_every_kind_is_listed_selected_and_passes_its_contract_suite(prime_cli, plugin_manager, tmp_path):
     site = tmp_path / "site"
     for kind in KINDS:
@@ -75,7 +76,8 @@ def test_every_kind_is_listed_selected_and_passes_its_contract_suite(prime_cli, 
                               check=False)
 
     listed = {p["name"]: p for p in json.loads(prime("plugins", "list", "--json").stdout)["plugins"]}
-    keys = {"kernel": ("kernels", "swiglu:my_kernel"), "algorithm": ("algorithms", "advantage:my_algorithm")}
+    keys = {"kernel": ("kernels", "swiglu:my_kernel"), "algorithm": ("algorithms", "advantage:my_algorithm"),
+            "parallel_strategy": ("parallel_strategies", "my_parallel_strategy")}
     for kind in KINDS:
         row = listed[f"my_{kind}"]
         assert (row["status"], row["distribution"]) == ("active", f"prime-plugin-my-{kind.replace('_', '-')}")
@@ -85,6 +87,8 @@ def test_every_kind_is_listed_selected_and_passes_its_contract_suite(prime_cli, 
     selected = ["--launcher", "my_launcher", "--trainer.model.impl", "my_model_impl",
                 "--trainer.model.kernels", '{"swiglu": "my_kernel"}', "--weight-broadcast.type", "my_weight_transport",
                 "--orchestrator.advantage.type", "my_algorithm", "--trainer.my-monitor.every", "2",
+                "--orchestrator.client.router", "my_router", "--inference.backend", "my_inference_backend",
+                "--trainer.model.my-parallel-strategy-every", "1",
                 "--orchestrator.env", '[{"id": "my_environment", "args": {"min_len": 2}}]']
     valid = prime("config", "validate", *selected)
     assert valid.returncode == 0, valid.stdout + valid.stderr
@@ -100,8 +104,8 @@ def test_every_kind_is_listed_selected_and_passes_its_contract_suite(prime_cli, 
 
 
 def test_an_unknown_kind_is_refused(prime_cli, plugin_manager, tmp_path):
-    result = prime_cli("plugin", "new", "thing", "--kind", "router", "--dir", str(tmp_path))
-    assert result.exit_code == 1 and "--kind 'router' is not a plugin kind the template knows" in result.output
+    result = prime_cli("plugin", "new", "thing", "--kind", "teapot", "--dir", str(tmp_path))
+    assert result.exit_code == 1 and "--kind 'teapot' is not a plugin kind the template knows" in result.output
     assert not (tmp_path / "prime-plugin-thing").exists()
 
 
