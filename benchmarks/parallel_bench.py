@@ -111,7 +111,7 @@ def worker(args) -> int:
     from prime_core.bench import BenchConfig, BenchMeter
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer.build import start_training
-    from prime_core.trainer.config import TrainerConfig
+    from prime_core.config.checks import schema_for
     from prime_core.trainer.fake import FakeDataConfig
 
     world = distributed.init()
@@ -130,7 +130,7 @@ def worker(args) -> int:
         model.update(cp=args.cp, cp_style=args.style, ac={"freq": 1})
         label = {"kind": "cp", "config": f"cp{args.cp}-{args.style}" if args.cp > 1 else "cp1"}
     seq_lens = args.seq_lens
-    config = TrainerConfig(model=model, optim={"lr": 1e-6}, output_dir=args.out / "run", seq_len=max(seq_lens))
+    config = schema_for("trainer")(model=model, optim={"lr": 1e-6}, output_dir=args.out / "run", seq_len=max(seq_lens))
     manager = get_plugin_manager()
     loss_fn = manager.select("algorithms", "loss:default").fn
     started = time.perf_counter()
@@ -139,7 +139,7 @@ def worker(args) -> int:
     # The trainer's world carries the meshes (the one from init() above does not): CP groups
     # share rows, so samples and token counts go by data-parallel group.
     world = training.world
-    groups = world.size // distributed.cp_size(world)
+    groups = world.size // world.rows_split
     for seq_len in seq_lens:
         bench = BenchConfig(warmup_steps=args.warmup, steps=args.steps)
         meter = BenchMeter(bench, world=world, model=training.policy.model, hf_config=training.policy.hf_config,

@@ -92,11 +92,11 @@ def worker(args) -> int:
     from prime_core.bench import BenchConfig, BenchMeter
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer.build import start_training
-    from prime_core.trainer.config import TrainerConfig
+    from prime_core.config.checks import schema_for
     from prime_core.trainer.fake import FakeDataConfig
 
     knob = ALL_KNOBS if args.knob == "all" else KNOBS[args.knob]
-    config = TrainerConfig(model={"name": str(args.model_dir), "impl": "hf", "dtype": "bfloat16", **knob},
+    config = schema_for("trainer")(model={"name": str(args.model_dir), "impl": "hf", "dtype": "bfloat16", **knob},
                            optim={"lr": 1e-6}, output_dir=args.out / "run", seq_len=max(args.seq_lens))
     manager = get_plugin_manager()
     loss_fn = manager.select("algorithms", "loss:default").fn
@@ -145,12 +145,12 @@ def profile(args) -> int:
     from prime_core.bench import synchronize
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer.build import start_training
-    from prime_core.trainer.config import TrainerConfig
+    from prime_core.config.checks import schema_for
     from prime_core.trainer.fake import FakeDataConfig, fake_batch
     from prime_core.trainer.step import forward_backward
 
     knob = ALL_KNOBS if args.knob == "all" else KNOBS[args.knob]
-    config = TrainerConfig(model={"name": str(args.model_dir), "impl": "hf", "dtype": "bfloat16", **knob},
+    config = schema_for("trainer")(model={"name": str(args.model_dir), "impl": "hf", "dtype": "bfloat16", **knob},
                            optim={"lr": 1e-6}, output_dir=args.out / "run", seq_len=args.seq_len)
     manager = get_plugin_manager()
     loss_fn = manager.select("algorithms", "loss:default").fn

@@ -22,24 +22,6 @@ from prime_core.specs import ConfigSection, Kernel, ParallelStrategy
 PRIME_PLUGIN_API = 1
 
 
-def _fused(hidden, weight, targets, temperature=1.0, *, token_chunk, vocab_chunk=None, with_entropy=True):
-    import torch
-
-    use_triton = hidden.is_cuda and hidden.dtype != torch.float64 and _triton_reason() is None
-    if use_triton:
-        from prime_plugin_fused_lm_head.triton_impl import fused_logprobs
-    else:
-        from prime_plugin_fused_lm_head.torch_impl import fused_logprobs
-    return fused_logprobs(hidden, weight, targets, temperature, token_chunk=token_chunk, vocab_chunk=vocab_chunk,
-                          with_entropy=with_entropy)
-
-
-def _triton_reason():
-    from prime_plugin_fused_lm_head.triton_impl import unavailable_reason
-
-    return unavailable_reason()
-
-
 @hookimpl
 def prime_config_sections():
     return [
@@ -61,7 +43,7 @@ def prime_parallel_strategies():
 def prime_kernels():
     reference = "eager logits + log_softmax in float64"
     return [
-        Kernel(op="lm_head", name="fused", impl=_fused, reference=reference,
+        Kernel(op="lm_head", name="fused", impl="prime_plugin_fused_lm_head.dispatch:fused_logprobs", reference=reference,
                description="chunked LM head, log p(target) and entropy without the [N, V] logits: "
                            "Triton on CUDA, PyTorch elsewhere"),
         Kernel(op="lm_head", name="fused_torch", impl="prime_plugin_fused_lm_head.torch_impl:fused_logprobs",
