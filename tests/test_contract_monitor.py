@@ -71,9 +71,9 @@ class Exclusive(JsonlMonitor):
         os.close(self.lock)
 
 
-class DropsNone(JsonlMonitor):
+class DropsRewards(JsonlMonitor):
     def log(self, metrics, step):
-        super().log({k: v for k, v in metrics.items() if v is not None}, step)
+        super().log({k: v for k, v in metrics.items() if not k.startswith("reward")}, step)
 
 
 @pytest.mark.parametrize(("cls", "message"), [
@@ -95,11 +95,11 @@ def test_a_monitor_two_roles_cannot_share_fails(tmp_path):
 
 
 def test_a_monitor_that_loses_values_fails(tmp_path):
-    sink = DropsNone(None, output_dir=tmp_path, role="trainer")
-    contract.log_steps(spec(DropsNone), sink)
+    sink = DropsRewards(None, output_dir=tmp_path, role="trainer")
+    contract.log_steps(spec(DropsRewards), sink)
     records = [(r["step"], r) for r in read_jsonl(tmp_path / "metrics.jsonl")]
-    with pytest.raises(ContractError, match="step 2 probe_logprob = None was recorded as '\\(missing\\)'"):
-        contract.check_recorded(spec(DropsNone), records)
+    with pytest.raises(ContractError, match="step 2 reward = 0.25 was recorded as '\\(missing\\)'"):
+        contract.check_recorded(spec(DropsRewards), records)
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[2])["loss"] == "nan"
 
 

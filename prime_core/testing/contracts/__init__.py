@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from stat import S_ISREG
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -156,7 +157,8 @@ class Files:
                         stat = path.stat()
                     except OSError:
                         continue
-                    found[path] = (stat.st_mtime_ns, stat.st_size)
+                    if S_ISREG(stat.st_mode):  # files; not a library's unix sockets
+                        found[path] = (stat.st_mtime_ns, stat.st_size)
         return found
 
     def written(self, *, allowed: Path | None = None) -> list[Path]:

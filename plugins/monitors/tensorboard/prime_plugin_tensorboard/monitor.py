@@ -74,6 +74,8 @@ class TensorboardMonitor:
                 self._write(step, summary=self._text("config", f"```\n{self.config_text}\n```"))
         values = []
         for tag, value in metrics.items():
+            if value is None:  # not measured yet: TensorBoard has no empty value, so nothing is written
+                continue
             if isinstance(value, str):
                 values.extend(self._text(tag, value).value)
             else:

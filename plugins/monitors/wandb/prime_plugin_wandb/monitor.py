@@ -179,6 +179,8 @@ class WandbMonitor:
             raise PrimeError(f"the wandb monitor needs the wandb package ({exc})",
                              hint="pip install prime-plugin-wandb") from None
         self.root.mkdir(parents=True, exist_ok=True)
+        # wandb's own logs and caches go beside the run instead of the user's home, unless set.
+        os.environ.setdefault("WANDB_CACHE_DIR", str(self.root / "wandb" / "cache"))
         run_config = config.model_dump(mode="json") if hasattr(config, "model_dump") else {}
         self.init_args = {"project": cfg.project, "entity": cfg.entity, "name": name, "group": cfg.group,
                           "tags": cfg.tags, "id": self.run_id, "resume": "allow", "dir": str(self.root),
