@@ -80,6 +80,7 @@ def check_roles(spec, output_dir: Path, watched: Path, roles=ROLES) -> None:
 
 
 _ROLE_PROCESS = """
+import sys
 from pathlib import Path
 from prime_core.plugins import get_plugin_manager
 from prime_core.testing.contracts import role_config
