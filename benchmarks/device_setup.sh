@@ -83,11 +83,13 @@ for w in sorted(wdir.glob("*.whl")):
         reqs = email.parser.Parser().parsestr(z.read(meta).decode()).get_all("Requires-Dist") or []
     wheels[n] = (v, w, reqs)
 pyprojects = [root / "pyproject.toml", *sorted(root.glob("plugins/*/*/pyproject.toml"))]
-ours, queue = set(), []
+ours, queue, core_reqs = set(), [], set()
 for pp in pyprojects:
     proj = tomllib.loads(pp.read_text())["project"]
     ours.add(canon(proj["name"]))
     queue += [(r, pp.relative_to(root).as_posix()) for r in proj.get("dependencies", [])]
+    if pp == root / "pyproject.toml":
+        core_reqs = {canon(Requirement(r).name) for r in proj.get("dependencies", [])}
 chosen, seen_installed, problems = {}, set(), []
 while queue:
     spec, why = queue.pop(0)
@@ -114,6 +116,11 @@ while queue:
         chosen[n] = wheels[n]
         print(f"  + {n} {wheels[n][0]}  ({now}; {spec} from {why})", file=sys.stderr)
         queue += [(r, f"{n} {wheels[n][0]}") for r in wheels[n][2]]
+    elif why.startswith("plugins/") and n not in core_reqs:
+        # A plugin's own dependency (a tracker, a kernel library): the plugin imports it lazily and
+        # reports itself unavailable without it; carry its wheels to use it here.
+        print(f"device_setup: note: {n} ({now}) for {spec} ({why}) is not carried: that plugin is unavailable here",
+              file=sys.stderr)
     else:
         problems.append(f"{n} ({now}) does not satisfy {spec} ({why}) and no carried wheel does")
 for p in problems:
