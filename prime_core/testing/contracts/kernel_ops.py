@@ -229,11 +229,13 @@ def check_grouped_mm(impl, *, dtype, device, tolerance=None, seed=0, **_):
 # ------------------------------------------------------------------ fp8 linears
 
 FP8_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-FP8_TOLERANCE = {"output": 0.05, "grad": 0.2}
+FP8_TOLERANCE = {"output": 0.05, "grad": 0.2, "reference": 1e-2}
 """Relative Frobenius error of the converted model against float64. Block-scaled FP8 rounds
 every GEMM operand (gradients included) to a few mantissa bits; measured on this model: the
 output 0.5 %, the weights' gradients about 10 % (float32 and bfloat16 alike). A wrong layout,
-scale or transpose is off by 100 % or more."""
+scale or transpose is off by 100 % or more. Against the registered reference backend (same FP8
+operands), GPU tensor cores promote their float32 accumulation every 128 K where the
+reference sums exactly: a few 1e-3 (measured 1.3e-3 on an H100, float32 inputs)."""
 
 
 def fp8_toy_model(device, dtype, seed: int = 0):
@@ -315,7 +317,7 @@ def check_fp8_linear(impl, *, dtype, device, tolerance=None, seed=0, reference_i
         ref_out = twin(inputs)
         errors["output vs reference kernel"] = _frobenius(got_out, ref_out)
         _compare("fp8_linear", {"output vs reference kernel": errors["output vs reference kernel"]},
-                 TOLERANCE.get(dtype, 1e-2) * 10)
+                 FP8_TOLERANCE["reference"])
     return errors
 
 

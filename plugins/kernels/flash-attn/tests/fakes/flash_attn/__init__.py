@@ -27,7 +27,7 @@ def attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, soft
         scores = torch.einsum("qhd,khd->hqk", qs, ks) * softmax_scale
         if causal:
             lq, lk = qb - qa, kb - ka
-            keep = torch.ones(lq, lk, dtype=torch.bool).tril(diagonal=lk - lq)
+            keep = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(diagonal=lk - lq)
             scores = scores.masked_fill(~keep, float("-inf"))
         pieces.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), vs).to(q.dtype))
     return torch.cat(pieces)
