@@ -9,4 +9,4 @@ from flash_attn import attend
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
                            seqused_k=None, softmax_scale=None, causal=False, **unused):
     out = attend(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal)
-    return out, torch.zeros(q.shape[1], q.shape[0])
+    return out, torch.zeros(q.shape[1], q.shape[0], device=q.device)
