@@ -120,6 +120,7 @@ class PluginManager:
         self.records: dict[str, PluginRecord] = {}
         self.disabled = set(disabled) if disabled is not None else disabled_from_env()
         self._registries: dict[str, dict[str, Provided]] = {}
+        self._aliases: dict[str, dict[str, str]] = {}
         self._loaded = False
         self.autoload = autoload if autoload is not None else os.environ.get(NO_AUTOLOAD_ENV, "") in ("", "0")
         if os.environ.get(TRACE_ENV, "") not in ("", "0"):
@@ -182,6 +183,7 @@ class PluginManager:
         if record is not None and record.plugin is not None and self.pm.is_registered(record.plugin):
             self.pm.unregister(record.plugin)
         self._registries.clear()
+        self._aliases.clear()
 
     def _add(self, record: PluginRecord, obj: Any, *, check_api: bool) -> None:
         self.records[record.name] = record
@@ -207,6 +209,7 @@ class PluginManager:
             )
             return
         self._registries.clear()
+        self._aliases.clear()
 
     @staticmethod
     def _describe(exc: BaseException, what: str) -> str:
@@ -259,8 +262,34 @@ class PluginManager:
                         hint=f"uninstall one, or disable it with --disable-plugin {record.name}",
                     )
                 found[spec.key] = Provided(spec, record.name)
+        self._aliases[kind] = self._alias_map(reg, found)
         self._registries[kind] = dict(sorted(found.items()))
         return self._registries[kind]
+
+    def _alias_map(self, reg: Registry, found: dict[str, Provided]) -> dict[str, str]:
+        """``{alias key: key}``; an alias that is also a name or another spec's alias is refused
+        as two providers of one name are, so that no alias silently shadows anything."""
+        aliases: dict[str, str] = {}
+        for key, provided in found.items():
+            for alias in provided.spec.alias_keys:
+                clash = key if alias == key else alias if alias in found else aliases.get(alias)
+                if clash is None:
+                    aliases[alias] = key
+                    continue
+                other = self.records[found[clash].plugin]
+                raise PluginError(
+                    f"{reg.noun} name '{alias}' is claimed twice: as an alias of '{key}' by "
+                    f"{self.records[provided.plugin].label} and as "
+                    f"{'the name' if alias == clash else 'an alias'} of '{clash}' by {other.label}",
+                    hint=f"uninstall one, or disable it with --disable-plugin {provided.plugin}",
+                )
+        return aliases
+
+    def resolve(self, kind: str, name: str) -> str:
+        """The registered key ``name`` selects in registry ``kind``: ``name`` itself, or the key
+        it is an alias of."""
+        self.registry(kind)
+        return self._aliases.get(kind, {}).get(name, name)
 
     def _call_registry(self, record: PluginRecord, reg: Registry) -> list[specs.Spec]:
         if reg.hook in record.provides:
@@ -331,6 +360,7 @@ class PluginManager:
         reg = REGISTRIES[kind]
         entries = self.registry(kind)
         where = f"{key} = '{shown or name}'" if key else f"{reg.noun} '{name}'"
+        name = self.resolve(kind, name)
         if name in entries:
             reason = entries[name].spec.unavailable_reason()
             if reason:
@@ -342,7 +372,7 @@ class PluginManager:
         available = ", ".join(entries) or "none"
         article = "an" if reg.noun[0] in "aeiou" else "a"
         message = f"{where}: no installed plugin provides {article} {reg.noun} named '{name}'" + did_you_mean(
-            name, entries
+            name, [*entries, *self._aliases.get(kind, {})]
         )
         hint = self._inactive_hint(name) or self._owner_hint(kind, name)
         raise PluginError(

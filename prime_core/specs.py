@@ -11,7 +11,7 @@ plugin's registration module stays cheap to import and needs no wrapper function
 
     ParallelStrategy(name="ep", apply="prime_plugin_ep.strategy:apply", ...)
 
-All specs share three fields:
+All specs share four fields:
 
 - ``name``: what the config selects (``launcher = "slurm"``), lower-case.
 - ``description``: one line, shown by ``prime plugins list``.
@@ -19,6 +19,10 @@ All specs share three fields:
   run here, or a human-readable reason when it cannot ("deep_ep is not installed:
   pip install ..."). It must be cheap and must not initialise CUDA eagerly. An explicit
   selection of an unavailable spec fails with that reason; ``auto`` selections skip it.
+- ``aliases``: other names the config may select it by (another project's spelling, such as
+  prime-rl's ``reverse-text`` for ``reverse_text``). The core resolves an alias to the name
+  wherever it selects, and refuses an alias that is also a name or another spec's alias, as it
+  refuses two providers of one name.
 
 This module imports nothing heavy: the CLI and every plugin import it.
 """
@@ -72,6 +76,7 @@ class Spec:
     name: str
     description: str = ""
     available: Callable[[], str | None] | str | None = ref(None, compare=False, repr=False)
+    aliases: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not (_NAME.match(self.name) or self._root_name()):
@@ -79,6 +84,9 @@ class Spec:
                 f"{type(self).__name__} name {self.name!r} is invalid: use lower-case letters, "
                 "digits, '_', '-', '.' or ':'"
             )
+        if isinstance(self.aliases, str) or any(not isinstance(a, str) or not _NAME.match(a) for a in self.aliases):
+            raise ValueError(f"{type(self).__name__} '{self.name}': aliases must be a tuple of names (lower-case "
+                             f"letters, digits, '_', '-', '.' or ':'), got {self.aliases!r}")
         for name in _ref_fields(type(self)):
             value = object.__getattribute__(self, name)
             if isinstance(value, str) and not _REF.match(value):
@@ -99,6 +107,11 @@ class Spec:
     def key(self) -> str:
         """The name this spec is registered and selected under."""
         return self.name
+
+    @property
+    def alias_keys(self) -> tuple[str, ...]:
+        """The keys its ``aliases`` select it by (formed like ``key``)."""
+        return tuple(self.aliases)
 
     @property
     def checks_availability(self) -> bool:
@@ -271,6 +284,10 @@ class Kernel(Spec):
     def key(self) -> str:
         return f"{self.op}:{self.name}"
 
+    @property
+    def alias_keys(self) -> tuple[str, ...]:
+        return tuple(f"{self.op}:{alias}" for alias in self.aliases)
+
 
 @dataclass(frozen=True, kw_only=True)
 class InferenceBackend(Spec):
@@ -366,7 +383,9 @@ class Environment(Spec):
 
     ``args``: a pydantic model of ``load``'s keyword arguments, with which ``prime config
     validate`` checks ``orchestrator.env[i].args`` before anything starts (without it,
-    ``load``'s signature is checked)."""
+    ``load``'s signature is checked). A model that allows extra keys (``extra="allow"``)
+    checks those itself, in its validators (arguments passed through to a library).
+    ``aliases``: other ids ``orchestrator.env[i].id`` may use (prime-rl's spellings)."""
 
     load: Ref = ref()
     args: type | str | None = ref(None, compare=False)
@@ -398,6 +417,10 @@ class Algorithm(Spec):
     @property
     def key(self) -> str:
         return f"{self.kind}:{self.name}"
+
+    @property
+    def alias_keys(self) -> tuple[str, ...]:
+        return tuple(f"{self.kind}:{alias}" for alias in self.aliases)
 
 
 @dataclass(frozen=True, kw_only=True)

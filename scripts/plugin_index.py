@@ -50,8 +50,9 @@ def index() -> dict:
                     paths.append(path)
             if paths:
                 keys[root] = sorted(set(paths))
-        provides = {kinds[hook]: sorted(spec.key for spec in specs) for hook, specs in provided.items()
-                    if hook != "prime_config_sections"}
+        # Aliases too: a config that spells a name the other project's way gets the same hint.
+        provides = {kinds[hook]: sorted(k for spec in specs for k in (spec.key, *spec.alias_keys))
+                    for hook, specs in provided.items() if hook != "prime_config_sections"}
         out[dist] = {"plugin": name, "distribution": dist, "keys": keys, "provides": provides}
     return dict(sorted(out.items()))
 

@@ -17,7 +17,8 @@ CORE = Path(__file__).resolve().parents[1] / "prime_core"
 # launchers, environments, monitors). Distinctive words are refused anywhere in a string or
 # as an identifier; short generic ones only as a whole string ("ep", "local", ...).
 DISTINCT = {"fsdp", "deepep", "deep_ep", "liger", "vllm", "slurm", "torchrun", "flash_attn", "flash_attention_2",
-            "flash_attention_3", "fp8", "fused_lm_head", "reverse_text", "arithmetic", "wandb", "tensorboard"}
+            "flash_attention_3", "fp8", "fused_lm_head", "reverse_text", "arithmetic", "wandb", "tensorboard",
+            "reasoning_gym", "math_env", "math_verify", "verifiers"}
 WHOLE = {"ep", "cp", "ac", "ac_offloading", "hf", "custom", "local", "compile", "lora", "torch_flash",
          "torch_fused", "deep_gemm"}
 ALLOWED = {

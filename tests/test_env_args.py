@@ -4,7 +4,7 @@ against an environment's declared ``args`` model, or else against its ``load`` s
 import json
 
 import pytest
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from prime_core import PLUGIN_API_VERSION, hookimpl
 from prime_core.config.base import Section
@@ -24,12 +24,27 @@ def load_signature_only(size: int, word: str = "x"):
     raise AssertionError("validation never loads the environment")
 
 
+class PassThroughArgs(Section):
+    """Declares one argument and passes the others through to a library, checking them itself."""
+
+    model_config = {**Section.model_config, "extra": "allow"}
+    kind: str = "a"
+
+    @model_validator(mode="after")
+    def _library_knows_them(self):
+        unknown = sorted(set(self.model_extra) - {"depth"})
+        if unknown:
+            raise ValueError(f"{unknown[0]}: kind '{self.kind}' takes no such argument; it takes depth")
+        return self
+
+
 class Envs:
     PRIME_PLUGIN_API = PLUGIN_API_VERSION
 
     @hookimpl
     def prime_environments(self):
-        return [Environment(name="counting", load=load_counting, args=CountArgs),
+        return [Environment(name="counting", load=load_counting, args=CountArgs, aliases=("count-up",)),
+                Environment(name="passing", load=load_counting, args=PassThroughArgs),
                 Environment(name="signed", load=load_signature_only),
                 Environment(name="lazy", load=load_counting, args="tests_no_such_module:Args")]
 
@@ -88,3 +103,18 @@ def test_the_orchestrator_root_is_checked_too(register_plugin):
     register_plugin(Envs(), name="envs")
     config = load_config("orchestrator", ["--env", json.dumps([{"id": "counting", "args": {"nope": 1}}])])
     assert any(p.startswith("orchestrator.env[0].args.nope:") for p in check(config, "orchestrator"))
+
+
+def test_an_alias_is_checked_against_the_named_environment(validate):
+    result = validate({"id": "count-up", "args": {"size": 2}}, {"id": "count-up", "args": {"sise": 2}})
+    assert result.exit_code == 2
+    out = " ".join(result.output.split())
+    assert "orchestrator.env[0]" not in out
+    assert "orchestrator.env[1].args.sise: environment 'counting' has no argument 'sise'" in out
+
+
+def test_a_model_that_allows_extra_keys_checks_them_itself(validate):
+    assert "orchestrator.env" not in validate({"id": "passing", "args": {"kind": "b", "depth": 3}}).output
+    result = validate({"id": "passing", "args": {"kind": "b", "width": 3}})
+    assert result.exit_code == 2
+    assert "orchestrator.env[0].args: width: kind 'b' takes no such argument; it takes depth" in result.output

@@ -190,6 +190,51 @@ def test_unknown_name_lists_what_exists(plugin_manager):
     assert "did you mean 'jsonl'" in str(err.value) and "Available: jsonl" in str(err.value)
 
 
+class _Aliased:
+    def __init__(self, plugin_name, routers):
+        self.routers = routers
+        self.__name__ = plugin_name
+
+    @hookimpl
+    def prime_routers(self):
+        return [Router(name=n, make=lambda urls, n=n: n, aliases=aliases) for n, aliases in self.routers.items()]
+
+
+def test_an_alias_selects_the_named_spec(register_plugin, plugin_manager, prime_cli):
+    register_plugin(_Aliased("spread", {"spread_out": ("spread-out", "spreadout")}), name="spread")
+    assert plugin_manager.resolve("routers", "spread-out") == "spread_out"
+    assert plugin_manager.select("routers", "spreadout").make([]) == "spread_out"
+    assert "spread-out" not in plugin_manager.registry("routers"), "an alias is no second entry"
+    with pytest.raises(PluginError, match="did you mean 'spread-out'"):
+        plugin_manager.select("routers", "spread-ot")
+    listed = json.loads(prime_cli("plugins", "list", "--json").stdout)
+    row = next(p for p in listed["plugins"] if p["name"] == "spread")
+    assert row["provides"]["routers"][0]["aliases"] == ["spread-out", "spreadout"]
+    assert prime_cli("config", "validate", "--orchestrator.client.router", "spread-out").output.count(
+        "orchestrator.client.router") == 0
+
+
+@pytest.mark.parametrize(("first", "second", "claimed"), [
+    ({"alpha": ("a",)}, {"beta": ("a",)}, "'a' is claimed twice: as an alias of 'beta' by 'y' and as an alias of "
+                                          "'alpha' by 'x'"),
+    ({"alpha": ()}, {"beta": ("alpha",)}, "'alpha' is claimed twice: as an alias of 'beta' by 'y' and as the name "
+                                          "of 'alpha' by 'x'"),
+])
+def test_an_alias_claimed_twice_is_refused_naming_both(plugin_manager, first, second, claimed):
+    plugin_manager.register(_Aliased("x", first), name="x")
+    plugin_manager.register(_Aliased("y", second), name="y")
+    with pytest.raises(PluginError) as err:
+        plugin_manager.select("routers", "alpha")
+    assert f"router name {claimed}" in str(err.value)
+
+
+def test_aliases_must_be_names():
+    with pytest.raises(ValueError, match="aliases must be a tuple of names"):
+        Router(name="ok", make=print, aliases="single-string")
+    with pytest.raises(ValueError, match="aliases must be a tuple of names"):
+        Router(name="ok", make=print, aliases=("Not A Name",))
+
+
 def test_autoload_can_be_switched_off(fake_distribution, monkeypatch):
     from prime_core.plugins import PluginManager
 

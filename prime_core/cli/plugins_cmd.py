@@ -20,7 +20,8 @@ def describe(manager: PluginManager) -> list[dict]:
         provides = {}
         for hook, specs in manager.provided_by(record).items():
             provides[_NOUN_BY_HOOK[hook]] = [
-                {"name": _label(s), "unavailable": s.unavailable_reason()} for s in specs
+                {"name": _label(s), "unavailable": s.unavailable_reason(), **({"aliases": list(s.aliases)}
+                                                                           if s.aliases else {})} for s in specs
             ]
         hooks = sorted(
             hc.name for hc in (manager.pm.get_hookcallers(record.plugin) or [])
@@ -48,7 +49,8 @@ def _label(spec) -> str:
 def _provides_text(provides: dict) -> str:
     parts = []
     for kind, entries in provides.items():
-        names = ", ".join(e["name"] + (" (unavailable)" if e["unavailable"] else "") for e in entries)
+        names = ", ".join(e["name"] + (f" (alias {', '.join(e['aliases'])})" if e.get("aliases") else "")
+                          + (" (unavailable)" if e["unavailable"] else "") for e in entries)
         parts.append(f"{kind}: {names}")
     return "; ".join(parts) or "-"
 

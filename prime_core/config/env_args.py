@@ -27,8 +27,9 @@ def env_args_problems(config: Any, root: str, manager) -> list[str]:
         return []  # two plugins claim one name: reported with the orchestrator.env[i].id check
     problems: list[str] = []
     for i, env in enumerate(getattr(section, "env", None) or []):
-        if env.id in entries:
-            problems.extend(check_env_args(entries[env.id].spec, env.args, f"orchestrator.env[{i}].args"))
+        name = manager.resolve("environments", env.id)
+        if name in entries:
+            problems.extend(check_env_args(entries[name].spec, env.args, f"orchestrator.env[{i}].args"))
     return problems
 
 
@@ -58,6 +59,8 @@ def _against_model(model, env: str, args: dict[str, Any], where: str) -> list[st
     from pydantic import ValidationError
 
     known = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
+    if model.model_config.get("extra") == "allow":
+        known |= set(args)  # passed through: the model's own validators check them
     problems = [f"{where}.{key}: environment '{env}' has no argument '{key}'{did_you_mean(key, known)}; "
                 f"{_describe(model)}" for key in args if key not in known]
     try:

@@ -60,7 +60,7 @@ def _arithmetic(**args):
 def prime_environments():
     return [
         Environment(name="reverse_text", load=_reverse_text, args="prime_plugin_tasks.args:ReverseTextArgs",
-                    description="reverse a random string"),
+                    description="reverse a random string", aliases=("reverse-text",)),
         Environment(name="arithmetic", load=_arithmetic, args="prime_plugin_tasks.args:ArithmeticArgs",
                     description="add random integers"),
     ]

@@ -52,6 +52,10 @@ def test_selectable_by_name(register_plugin, prime_cli):
     assert prime_cli("config", "show", "--orchestrator.env", '[{"id": "reverse_text"}]').exit_code == 0
     result = prime_cli("config", "validate", "--orchestrator.env", '[{"id": "reverse_txt"}]')
     assert "did you mean 'reverse_text'" in result.output
+    # prime-rl's spelling of the id selects the same environment, its args checked as ours.
+    result = prime_cli("config", "validate", "--orchestrator.env", '[{"id": "reverse-text", "args": {"max_len": 0}}]')
+    assert "orchestrator.env[0].id" not in result.output
+    assert "orchestrator.env[0].args.max_len: Input should be greater than or equal to 1" in result.output
 
 
 def test_sft_data_command(register_plugin, prime_cli, tmp_path):

@@ -1,0 +1,1 @@
+"""prime-plugin-reasoning-gym: the procedural datasets of reasoning-gym as RL environments."""

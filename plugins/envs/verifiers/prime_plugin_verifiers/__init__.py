@@ -1,0 +1,1 @@
+"""prime-plugin-verifiers: verifiers (``verifiers.v1``) tasksets as prime environments."""
