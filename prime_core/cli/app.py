@@ -113,6 +113,25 @@ def _disabled_from_argv(argv: list[str]) -> list[str]:
     return names
 
 
+def _unknown_disabled(manager: PluginManager) -> PrimeError | None:
+    """A name given to ``--disable-plugin`` (or ``PRIME_DISABLED_PLUGINS``) that no installed
+    plugin has: a typo would otherwise leave the plugin meant running."""
+    from importlib.metadata import entry_points
+
+    from prime_core import ENTRY_POINT_GROUP
+    from prime_core.errors import PluginError, did_you_mean
+
+    if not manager.autoload:
+        return None
+    installed = {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    unknown = sorted(manager.disabled - installed)
+    if not unknown:
+        return None
+    return PluginError(f"--disable-plugin / {DISABLED_ENV}: no installed plugin is named "
+                       f"{', '.join(repr(n) for n in unknown)}{did_you_mean(unknown[0], installed)}",
+                       hint="`prime plugins list` shows the installed plugins' names")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     disabled = _disabled_from_argv(argv)
@@ -122,6 +141,10 @@ def main(argv: list[str] | None = None) -> None:
         os.environ[DISABLED_ENV] = ",".join(dict.fromkeys(current + disabled))
         set_plugin_manager(None)
     manager = get_plugin_manager()
+    unknown = _unknown_disabled(manager)
+    if unknown:
+        print_error(unknown)
+        sys.exit(unknown.exit_code)
     if not argv or argv[0] != "plugins":
         for record in manager.records.values():
             if record.status == "failed":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -16,6 +16,8 @@ from prime_core.trainer.fake import FakeDataConfig
 class TrainerModelConfig(ModelRef):
     """The trained model and how it is built. Plugins add their own keys here (the parallel
     strategies' degrees and settings, kernels' options: ``prime config show`` lists them)."""
+
+    needs_tokenizer: ClassVar[bool] = False  # the RL trainer trains on token ids (SFT checks its own)
 
     impl: Annotated[str, Selects("model_impls", skip=("auto",))] = "auto"
     """Model implementation from a plugin (``prime plugins list``); ``auto`` takes the
