@@ -15,7 +15,6 @@ weights published by the trainer are loaded into every replica as soon as they a
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import time
 from collections import deque
@@ -72,7 +71,7 @@ class Orchestrator:
 
         backend = select_backend(config.client.backend, key="orchestrator.client.backend", manager=manager)
         print(f"inference backend: {describe(backend, config.client.backend)}", flush=True)
-        key = os.environ.get(config.client.api_key_var) or None
+        key = config.client.api_key()
         # One client per replica; the router chooses among their URLs.
         self.clients = {url: backend.client(url, api_key=key, timeout=config.client.timeout)
                         for url in config.client.base_url}

@@ -22,9 +22,21 @@ from prime_plugin_vllm.server import CPU_KV_CACHE_BYTES, VLLMServer, option_argv
 pytest_plugins = ["prime_core.testing"]
 
 
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A real (tiny) model folder: configs naming a local folder are checked to hold a model."""
+    from prime_plugin_hf.tiny import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "model", hidden_size=32, num_heads=1, num_kv_heads=1)
+
+
+@pytest.fixture(autouse=True)
+def _model_in_tmp_path(model_dir, tmp_path):
+    (tmp_path / "model").symlink_to(model_dir, target_is_directory=True)
+
+
 def make_config(tmp_path: Path, **overrides) -> InferenceConfig:
     model = tmp_path / "model"
-    model.mkdir(exist_ok=True)
     data = {"model": {"name": str(model)}, "output_dir": str(tmp_path / "out")}
     for key, value in overrides.items():
         data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) and key != "args" else value
@@ -429,5 +441,7 @@ def test_client_of_an_unreachable_server():
         finally:
             await client.close()
 
-    with pytest.raises(PrimeError, match=rf"at http://127.0.0.1:{port}/v1 failed 3 times: ConnectError"):
+    with pytest.raises(PrimeError, match=rf"server at http://127.0.0.1:{port}/v1 is not answering \(ConnectError"
+                       ) as caught:
         asyncio.run(go())
+    assert f"logs/vllm-{port}.log" in str(caught.value)
