@@ -54,9 +54,9 @@ def run(config) -> int:
 
     done = 0
     if config.resume:
-        found = ckpt.complete_checkpoints(config.output_dir)
+        found = ckpt.latest_usable(config.output_dir, warn=_say if world.main else _quiet)
         if found:
-            done, path = found[-1]
+            done, path = found
             changes = ckpt.plugin_changes(path)
             if changes and world.main:
                 print(f"warning: resuming from {path} with other plugins than wrote it: {'; '.join(changes)}",
@@ -107,6 +107,14 @@ def run(config) -> int:
         metrics.close()
     distributed.shutdown()
     return 0
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _quiet(text: str) -> None:
+    pass
 
 
 def run_bench(config, training, loss_fn, fake, rng) -> int:
