@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -77,3 +79,22 @@ def touch_marker(path: Path) -> None:
     finally:
         os.close(fd)
     fsync_dir(Path(path).parent)
+
+
+@contextmanager
+def writing(tmp: Path, what: str) -> Iterator[Path]:
+    """Fill the temporary folder ``tmp`` with ``what`` (``"the final model"``); if that fails it
+    is removed (a full disk gets its space back) and a failed write becomes a message naming
+    the folder."""
+    import shutil
+
+    from prime_core.errors import PrimeError, storage_error
+
+    try:
+        yield tmp
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        friendly = storage_error(exc) if isinstance(exc, Exception) else None
+        if friendly is None:
+            raise
+        raise PrimeError(f"{friendly.message} ({what}, in {tmp.parent})", hint=friendly.hint) from None

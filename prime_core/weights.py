@@ -29,17 +29,18 @@ class FilesystemPublisher:
     def publish(self, model, step: int, state_dict: dict | None = None) -> Path:
         """Write ``model`` (its config, and ``state_dict`` when given: the full tensors a
         sharded model gathered) as a Hugging Face folder for policy version ``step``."""
-        from prime_core.run_dir import fsync_tree, replace_dir, touch_marker
+        from prime_core.run_dir import fsync_tree, replace_dir, touch_marker, writing
 
         final = self.root / f"step_{step}"
         tmp = self.root / f".step_{step}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(state_dict, Adapter):
-            state_dict.save(tmp)
-        else:
-            model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
-        record_plugins(tmp)
-        fsync_tree(tmp)  # on disk before the rename and the marker that make it loadable
+        with writing(tmp, f"the weights of step {step}"):
+            if isinstance(state_dict, Adapter):
+                state_dict.save(tmp)
+            else:
+                model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+            record_plugins(tmp)
+            fsync_tree(tmp)  # on disk before the rename and the marker that make it loadable
         replace_dir(tmp, final)
         touch_marker(final / MARKER)
         self._prune(step)

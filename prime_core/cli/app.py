@@ -23,7 +23,8 @@ BUILTIN_COMMANDS = ("run", "config", "plugins", "plugin", "trainer", "orchestrat
 
 
 class PrimeGroup(TyperGroup):
-    """Turns ``PrimeError`` anywhere below into a message and its exit code, no traceback."""
+    """Turns ``PrimeError`` anywhere below, and failed file writes (``storage_error``), into a
+    message and its exit code, no traceback."""
 
     def invoke(self, ctx):
         try:
@@ -31,6 +32,14 @@ class PrimeGroup(TyperGroup):
         except PrimeError as exc:
             print_error(exc)
             ctx.exit(exc.exit_code)
+        except Exception as exc:  # a full disk or a forbidden folder: a message, not a traceback
+            from prime_core.errors import storage_error
+
+            friendly = storage_error(exc)
+            if friendly is None:
+                raise
+            print_error(friendly)
+            ctx.exit(friendly.exit_code)
 
 
 def _version(value: bool) -> None:

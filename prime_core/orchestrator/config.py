@@ -81,6 +81,10 @@ class OrchestratorConfig(Section):
     only handed over once the policy of step N-1-async_level is loaded for inference."""
     resume: bool = False
     """Continue after the newest complete trainer checkpoint."""
+    weights_timeout: float | None = Field(default=3600.0, gt=0)
+    """Seconds to wait for the trainer's next policy when nothing else can be done (the
+    ``async_level`` bound); then the run stops, naming the weights it waited for. ``None``: wait
+    for ever."""
     seq_len: int = Field(default=2048, ge=1)
     max_steps: int | None = Field(default=None, ge=1)
     seed: int = 0

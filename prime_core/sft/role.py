@@ -195,19 +195,20 @@ def _write_model(policy, world, tokenizer, final: Path) -> None:
     to a temporary folder, fsynced and renamed into place (a crash never leaves half a model)."""
     import shutil
 
-    from prime_core.run_dir import fsync_tree, replace_dir
+    from prime_core.run_dir import fsync_tree, replace_dir, writing
 
     state = full_state_dict(policy, world)  # collective
     if not world.main:
         return
     tmp = final.with_name(f".{final.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    if isinstance(state, Adapter):  # LoRA: the adapter alone (PEFT layout)
-        state.save(tmp)
-    else:
-        policy.model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    record_plugins(tmp)
-    fsync_tree(tmp)
+    with writing(tmp, "the final model"):
+        if isinstance(state, Adapter):  # LoRA: the adapter alone (PEFT layout)
+            state.save(tmp)
+        else:
+            policy.model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        record_plugins(tmp)
+        fsync_tree(tmp)
     replace_dir(tmp, final)
     print(f"sft: final model written to {final}", flush=True)

@@ -105,7 +105,10 @@ def save(output_dir: Path, step: int, model, optimizer, progress: dict, *, world
     if offload:
         offload.to_device()  # the state's sharded layout, as the checkpoint records it
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp / "state")  # each rank fsyncs its files
+    from prime_core.run_dir import writing
+
+    with writing(tmp, f"the checkpoint of step {step}"):  # each rank fsyncs the files it writes
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp / "state")
     if offload:
         offload.to_host()
     distributed.barrier(world)

@@ -84,6 +84,9 @@ class TrainerConfig(Section):
     seq_len: int = Field(default=2048, ge=1)
     resume: bool = False
     """Continue from the newest complete checkpoint under ``output_dir/checkpoints``."""
+    batch_timeout: float | None = Field(default=3600.0, gt=0)
+    """Seconds to wait for the orchestrator's batch of a step; then the trainer stops, naming
+    the file it waited for. ``None``: wait for ever."""
     seed: int = 0
     monitors: Monitors = Field(default_factory=lambda: ["jsonl"])
     """Metric sinks (``prime plugins list``); ``jsonl`` is always written."""
