@@ -41,12 +41,15 @@ def run_role(role: str, tokens: list[str]) -> int:
     from prime_core.run_lock import lock_role
 
     lock = lock_role(config, role)  # by hand: one trainer (orchestrator, sft) per output_dir, no launch beside it
+    failed = True
     try:
         get_plugin_manager().hook.prime_configure(config=config, role=role)
-        return importlib.import_module(f"prime_core.{role}.role").run(config)
+        code = importlib.import_module(f"prime_core.{role}.role").run(config)
+        failed = False
+        return code
     finally:
         if lock is not None:
-            lock.release()
+            lock.release(remove_created=failed)  # a role refused at start leaves no trace
 
 
 def _role_environ(role: str) -> dict[str, str] | None:

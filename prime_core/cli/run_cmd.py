@@ -42,14 +42,13 @@ def launch(root: str, tokens: list[str]) -> int:
         plan = launcher.plan(config, output_dir=config.output_dir, configs=paths, root=root)
     check_output_dir(config.output_dir)
     owner = plan is None or not plan.node_rank  # node 0 owns output_dir; the other nodes join its run
+    _refuse_output_dir(config, root, dry_run, owner)  # before the lock: a refused run leaves no trace
     # Held until this process ends (the roles it starts die with it): a second run, a --resume
     # or a --clean on this folder is refused before anything in it is deleted or written.
     lock = OutputDirLock(config.output_dir).acquire() if owner else None
     written = False
     try:
-        problem = output_dir_problem(config, root) if owner else None
-        if problem and (not dry_run or problem.previous_run):  # a dry run would overwrite its configs/
-            raise problem
+        problem = _refuse_output_dir(config, root, dry_run, owner)  # again, now that no one else can change it
         if lock is not None and lock.took_over:
             console.print(f"note: {config.output_dir} was left locked by a run that did not end cleanly "
                           f"({lock.took_over}); taken over", markup=False)
@@ -62,6 +61,15 @@ def launch(root: str, tokens: list[str]) -> int:
     finally:
         if lock is not None:
             lock.release(remove_created=not written)  # a refused run leaves the disk as it was
+
+
+def _refuse_output_dir(config, root: str, dry_run: bool, owner: bool):
+    """Raise the ``output_dir_problem`` that stops this run (a dry run is only stopped by a
+    previous run, whose configs/ it would overwrite); return one a dry run only reports."""
+    problem = output_dir_problem(config, root) if owner else None
+    if problem and (not dry_run or problem.previous_run):
+        raise problem
+    return problem
 
 
 def _write_and_launch(config, root, paths, plan, launcher, console, problems, dry_run, manager) -> int:

@@ -43,6 +43,8 @@ class ModelRef(Section):
     @classmethod
     def _local_folder_exists(cls, name: str) -> str:
         if local_folder_missing(name):
+            if Path(name).expanduser().exists():
+                raise ValueError(f"{name} is a file: a model is a folder (config.json, weights, tokenizer)")
             raise ValueError(f"model folder not found: {name}")
         return name
 
