@@ -17,7 +17,7 @@ def launch(root: str, tokens: list[str]) -> int:
     """The launch path shared by ``prime run`` (root ``rl``), ``prime sft`` and ``prime inference``."""
     from rich.console import Console
 
-    from prime_core.config.checks import check, resolve_launcher
+    from prime_core.config.checks import check, hub_problems, resolve_launcher
     from prime_core.errors import ConfigError, PrimeError
     from prime_core.launch.plan import role_config_paths
     from prime_core.plugins import get_plugin_manager
@@ -26,7 +26,7 @@ def launch(root: str, tokens: list[str]) -> int:
     manager = get_plugin_manager()
     config = load_config(root, tokens, manager)
     dry_run = bool(getattr(config, "dry_run", False))
-    problems = check(config, root, manager)
+    problems = check(config, root, manager, here=False)
     if problems and not dry_run:
         raise ConfigError(problems, source="this run cannot start")
     console = Console(highlight=False)
@@ -40,6 +40,11 @@ def launch(root: str, tokens: list[str]) -> int:
     plan = None
     if launcher is not None:
         plan = launcher.plan(config, output_dir=config.output_dir, configs=paths, root=root)
+    if plan is not None and plan.script is None:  # the roles run on this machine, with its model cache
+        here = hub_problems(config)
+        if here and not dry_run:
+            raise ConfigError(here, source="this run cannot start")
+        problems = [*problems, *here]
     check_output_dir(config.output_dir)
     owner = plan is None or not plan.node_rank  # node 0 owns output_dir; the other nodes join its run
     _refuse_output_dir(config, root, dry_run, owner)  # before the lock: a refused run leaves no trace
@@ -130,7 +135,9 @@ def output_dir_problem(config, root: str):
     if not hasattr(config, "clean") or getattr(config, "bench", None):  # a benchmark writes no run outputs
         return None
     out = config.output_dir
-    previous = [name for name in RUN_OUTPUTS[root] if (out / name).exists()]
+    # logs/ alone is no run to protect or resume (a start that failed, or another node of this
+    # launch creating its log folder first); --clean removes it with the rest.
+    previous = [name for name in RUN_OUTPUTS[root] if name != "logs" and (out / name).exists()]
     if config.resume and not previous:
         error = PrimeError(f"--resume: output_dir {out} holds no earlier run to continue (no "
                           f"{', '.join(RUN_OUTPUTS[root][:3])}, metrics.jsonl)",

@@ -122,8 +122,9 @@ def resolve_launcher(config: BaseModel, manager: PluginManager) -> str:
     return chosen
 
 
-def check(config: BaseModel, root: str, manager: PluginManager | None = None) -> list[str]:
-    """Every problem that would stop this config from running here (empty when it can run)."""
+def check(config: BaseModel, root: str, manager: PluginManager | None = None, *, here: bool = True) -> list[str]:
+    """Every problem that would stop this config from running here (empty when it can run);
+    ``here = False``: its roles run elsewhere (a cluster), whose model cache is not checked."""
     manager = manager or get_plugin_manager()
     problems: list[str] = []
     for key, value, marker in _walk(config):
@@ -139,7 +140,8 @@ def check(config: BaseModel, root: str, manager: PluginManager | None = None) ->
             known = {r.name: r for r in manager.status()}
             why = f": {known[name].status}, {known[name].reason}" if name in known else " (not installed)"
             problems.append(f"required_plugins: plugin '{name}' is not active{why}{did_you_mean(name, active)}")
-    problems.extend(_hub_problems(config))
+    if here:
+        problems.extend(hub_problems(config))
     problems.extend(_environment_problems(config, root))
     problems.extend(_data_problems(config, root))
     problems.extend(_degree_problems(config, root, manager))
@@ -169,7 +171,7 @@ def _data_problems(config: BaseModel, root: str) -> list[str]:
     return file_problems(data.path)
 
 
-def _hub_problems(config: BaseModel) -> list[str]:
+def hub_problems(config: BaseModel) -> list[str]:
     """Models named by a hub id that offline roles cannot load (each name once)."""
     from prime_core.config.shared import ModelRef
     from prime_core.hub import cache_problem
