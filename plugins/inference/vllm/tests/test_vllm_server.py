@@ -72,7 +72,9 @@ def tiny(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sandbox(tmp_path_factory):
+def vllm_sandbox(tmp_path_factory):
+    """Caches and temporary files of this module's servers (not the contract suites' per-test
+    ``sandbox``, which would shadow a fixture of that name inside the suite's class)."""
     root = tmp_path_factory.mktemp("vllm")
     env = sandbox_env(root)
     saved = {k: os.environ.get(k) for k in env}
@@ -85,12 +87,12 @@ def sandbox(tmp_path_factory):
             os.environ[key] = value
 
 
-def test_never_healthy_server_times_out_and_is_stopped(tiny, sandbox):
+def test_never_healthy_server_times_out_and_is_stopped(tiny, vllm_sandbox):
     from prime_plugin_vllm.server import VLLMServer
 
     config = InferenceConfig.model_validate({
         "model": {"name": str(tiny), "dtype": "float32", "enforce_eager": True},
-        "server": {"port": free_port()}, "output_dir": str(sandbox / "never"),
+        "server": {"port": free_port()}, "output_dir": str(vllm_sandbox / "never"),
     })
     server = VLLMServer(config)
     server.start()
@@ -130,8 +132,8 @@ class Role:
 
 
 @pytest.fixture(scope="module")
-def role(tiny, sandbox):
-    out = sandbox / "run"
+def role(tiny, vllm_sandbox):
+    out = vllm_sandbox / "run"
     port = free_port()
     command = [sys.executable, "-m", "prime_core", "inference", "--model.name", str(tiny),
                "--model.dtype", "float32", "--model.enforce-eager", "--model.max-model-len", "256",
