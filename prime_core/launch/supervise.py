@@ -220,7 +220,7 @@ def run_here(plan: LaunchPlan) -> int:
         (process,) = plan.processes
         os.environ.update(process.env)
         return run_role(process.role, [str(process.config)])
-    console = Console(stderr=True, highlight=False)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)  # paths in messages stay whole
     for process in plan.processes:
         where = "output on this terminal; " if process.console else ""
         console.print(f"starting {process.role} ({where}log: {process.log})", markup=False)
