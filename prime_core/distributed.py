@@ -59,8 +59,18 @@ def init() -> World:
         device = torch.device("cpu")
     if size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
+        if _one_machine_on_loopback():
+            # gloo listens on the address of this host's name otherwise (a LAN address):
+            # processes of one machine meet on loopback, as the rendezvous does.
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
     return World(rank=rank, local_rank=local_rank, size=size, device=device)
+
+
+def _one_machine_on_loopback() -> bool:
+    """All ranks on this machine, meeting at a loopback address (prime's one-node torchrun)."""
+    one_machine = os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
+    return one_machine and os.environ.get("MASTER_ADDR", "").startswith("127.") and sys.platform == "linux"
 
 
 def _ensure_group(world: World) -> None:

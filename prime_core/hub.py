@@ -30,3 +30,28 @@ def loading(name: str, key: str) -> Iterator[None]:
             hint="point it at a local Hugging Face folder (e.g. one made by `prime model tiny OUT`)"
             + (", or set HF_HUB_OFFLINE=0 to allow downloads" if offline else ""),
         ) from None
+
+
+def offline() -> bool:
+    """Whether roles will run offline (``default_offline``: unless ``HF_HUB_OFFLINE`` says otherwise)."""
+    return os.environ.get("HF_HUB_OFFLINE", "1").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def cache_problem(name: str, key: str) -> str | None:
+    """Why the hub id ``name`` cannot be loaded by offline roles (not in the local cache), or
+    ``None`` (a local folder, a cached id, or roles allowed to download)."""
+    from pathlib import Path
+
+    if Path(name).expanduser().is_dir() or not offline():
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except Exception:  # not a valid repo id: the loader's own error names it
+        return None
+    if isinstance(cached, str):
+        return None
+    return (f"{key} = '{name}': not a local folder and not in the local Hugging Face cache, and roles run offline "
+            "(HF_HUB_OFFLINE=1): download it first (HF_HUB_OFFLINE=0 hf download NAME), set HF_HUB_OFFLINE=0 to let "
+            "the roles download it, or point it at a local folder")

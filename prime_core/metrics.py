@@ -39,36 +39,68 @@ def _clean(value):
 def append_jsonl(path: Path, record: dict) -> None:
     line = json.dumps({k: _clean(v) for k, v in record.items()}, default=float) + "\n"
     with locked(path):
-        with path.open("a", encoding="utf-8") as f:
-            f.write(line)
+        with path.open("a+b") as f:
+            if f.tell():  # a line torn by a crash ends without a newline: never glue a record to it
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    line = "\n" + line
+            f.write(line.encode("utf-8"))
             f.flush()
             os.fsync(f.fileno())
 
 
+def parse_record(line: str) -> dict | None:
+    """One JSONL line as a record, or ``None`` when it is not a JSON object (torn)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSONL file; lines that are not a JSON object (a line torn by a crash)
+    are skipped (``drop_steps_from`` keeps them aside on resume)."""
     if not path.exists():
         return []
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    with path.open(encoding="utf-8", errors="replace") as f:
+        return [record for line in f if line.strip() and (record := parse_record(line)) is not None]
+
+
+TORN_FILE = "metrics.torn.jsonl"
 
 
 def drop_steps_from(path: Path, role: str, step: int) -> int:
     """On resume: move ``role``'s records of ``step`` and later (work that is redone) to
-    ``metrics.superseded.jsonl``. Returns how many were moved."""
+    ``metrics.superseded.jsonl``, and lines that are not records (torn by a crash mid-write)
+    to ``metrics.torn.jsonl``, with a warning. Returns how many records were moved."""
     if not path.exists():
         return 0
     with locked(path):
-        keep, moved = [], []
-        for line in path.read_text(encoding="utf-8").splitlines():
+        keep, moved, torn = [], [], []
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
             if not line.strip():
                 continue
-            record = json.loads(line)
+            record = parse_record(line)
+            if record is None:
+                torn.append((number, line))
+                continue
             (moved if record.get("role") == role and record.get("step", -1) >= step else keep).append(line)
+        if torn:
+            with path.with_name(TORN_FILE).open("a", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for _, line in torn))
+            lines = ", ".join(str(n) for n, _ in torn)
+            print(f"warning: {path}: line {lines} was not a complete record (a crash mid-write); kept aside in "
+                  f"{path.with_name(TORN_FILE)}", flush=True)
         if moved:
             with path.with_name("metrics.superseded.jsonl").open("a", encoding="utf-8") as f:
                 f.write("\n".join(moved) + "\n")
+        if moved or torn:
             tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+            with tmp.open("w", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in keep))
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, path)
     return len(moved)
 
@@ -87,7 +119,8 @@ def flatten(metrics: dict, prefix: str = "") -> dict[str, float | int | str | No
         elif hasattr(value, "item"):  # a 0-d tensor or numpy scalar
             out[name] = value.item()
         else:
-            raise TypeError(f"metric {name!r} is a {type(value).__name__}; metrics are numbers, strings, None or dicts of them")
+            raise TypeError(f"metric {name!r} is a {type(value).__name__}; metrics are numbers, strings, None or "
+                            "dicts of them")
     return out
 
 

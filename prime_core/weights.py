@@ -2,8 +2,8 @@
 
 The trainer writes ``output_dir/weights/step_N/`` (a Hugging Face checkpoint folder, or a PEFT
 adapter folder for LoRA runs, plus ``prime_plugins.json``: the distributions and versions of
-prime-core and the plugins that produced it) through a temporary name and a rename, then a
-``STABLE`` marker; the orchestrator only ever loads folders with the marker, so a
+prime-core and the plugins that produced it) through a temporary name, fsyncs it, renames it
+and writes a ``STABLE`` marker last; the orchestrator only ever loads folders with the marker, so a
 half-written checkpoint is never served. Old versions are pruned, keeping the newest few.
 """
 
@@ -29,17 +29,20 @@ class FilesystemPublisher:
     def publish(self, model, step: int, state_dict: dict | None = None) -> Path:
         """Write ``model`` (its config, and ``state_dict`` when given: the full tensors a
         sharded model gathered) as a Hugging Face folder for policy version ``step``."""
+        from prime_core.run_dir import fsync_tree, replace_dir, touch_marker, writing
+
         final = self.root / f"step_{step}"
         tmp = self.root / f".step_{step}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(final, ignore_errors=True)
-        if isinstance(state_dict, Adapter):
-            state_dict.save(tmp)
-        else:
-            model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
-        record_plugins(tmp)
-        tmp.rename(final)
-        (final / MARKER).touch()
+        with writing(tmp, f"the weights of step {step}"):
+            if isinstance(state_dict, Adapter):
+                state_dict.save(tmp)
+            else:
+                model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+            record_plugins(tmp)
+            fsync_tree(tmp)  # on disk before the rename and the marker that make it loadable
+        replace_dir(tmp, final)
+        touch_marker(final / MARKER)
         self._prune(step)
         return final
 

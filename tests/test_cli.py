@@ -79,7 +79,8 @@ def test_config_validate_passes_when_everything_is_provided(prime_cli, register_
 
 
     register_plugin(Everything(), name="everything")
-    result = prime_cli("config", "validate", "--orchestrator.env", '[{"id": "count"}]')
+    # HF_HUB_OFFLINE=0: the roles may download the default model, which is not cached here
+    result = prime_cli("config", "validate", "--orchestrator.env", '[{"id": "count"}]', env={"HF_HUB_OFFLINE": "0"})
     assert result.exit_code == 0, result.output
     assert "config is valid" in result.output
 

@@ -135,7 +135,7 @@ def test_disabled_by_cli_flag(fake_distribution, monkeypatch, capsys):
     from prime_core.cli.app import main
 
     fake_distribution("prime-plugin-first", entry_points={"first": "first_router"}, files={"first_router.py": GOOD})
-    monkeypatch.delenv("PRIME_DISABLED_PLUGINS", raising=False)
+    monkeypatch.setenv("PRIME_DISABLED_PLUGINS", "")  # main() sets it: restored after the test
     with pytest.raises(SystemExit) as exit_info:
         main(["--disable-plugin", "first", "plugins", "list", "--json"])
     assert exit_info.value.code == 0

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from prime_core.algorithms import default_loss, grpo_advantages
+from prime_core.errors import PrimeError
 from prime_core.metrics import append_jsonl, drop_steps_from, read_jsonl
 from prime_core.orchestrator.batch import TrainingSample, pack, wait_for_batch, write_batch
 from prime_core.trainer.model import block_causal_mask, token_logprobs
@@ -119,7 +120,8 @@ def test_batches_are_written_atomically_and_awaited(tmp_path):
     batch = wait_for_batch(tmp_path, 3, timeout=1)
     assert batch["temperature"] == 0.7 and batch["micro_batches"][0]["input_ids"] == rows[0].input_ids
     assert not list((tmp_path / "rollouts" / "step_3").glob("*.tmp"))
-    with pytest.raises(TimeoutError):
+    with pytest.raises(PrimeError, match=r"waited 0.2 s for the batch of step 4: the orchestrator has not written "
+                       r".*rollouts/step_4/batch.json"):
         wait_for_batch(tmp_path, 4, timeout=0.2)
 
 

@@ -53,7 +53,8 @@ def test_run_bench_starts_only_the_trainer_under_torchrun(tiny, tmp_path):
     prime(*args, "--dry-run")
     plan = json.loads((out / "configs" / "plan.json").read_text())
     assert [p["role"] for p in plan["processes"]] == ["trainer"]
-    assert plan["commands"][0].startswith("torchrun --standalone --nproc-per-node 2 -m prime_core trainer")
+    assert plan["commands"][0].startswith("torchrun --nnodes 1 --rdzv-backend prime-loopback --rdzv-endpoint "
+                                          "127.0.0.1:0 --rdzv-id prime --nproc-per-node 2 -m prime_core trainer")
     prime(*args)
     data = json.loads((tmp_path / "b.json").read_text())
     assert data["devices"] == 2 and data["tokens_per_step"] == 4 * 64
@@ -75,7 +76,9 @@ def test_sft_on_two_processes_logs_per_rank_and_resumes_on_one(tiny, tmp_path):
               "--data.path", str(data), "--data.batch-size", "8", "--seq-len", "64", "--optim.lr", "1e-3"]
     result = prime(*common, "--output-dir", str(out), "--max-steps", "4", "--ckpt.interval", "4",
                    "--deployment.num-gpus", "2")
-    assert "torchrun --standalone --nproc-per-node 2" in result.stdout and "2 × cpu" in result.stdout
+    command = json.loads((out / "configs" / "plan.json").read_text())["commands"][0]
+    assert "--rdzv-backend prime-loopback --rdzv-endpoint 127.0.0.1:0 --rdzv-id prime --nproc-per-node 2" in command
+    assert "2 × cpu" in result.stdout
     assert {p.name for p in (out / "logs" / "sft").iterdir()} == {"rank_0.log", "rank_1.log"}
     assert "final model written" in (out / "logs" / "sft" / "rank_0.log").read_text()
     shards = sorted(p.name for p in (out / "checkpoints" / "step_4" / "state").iterdir())

@@ -23,7 +23,8 @@ BUILTIN_COMMANDS = ("run", "config", "plugins", "plugin", "trainer", "orchestrat
 
 
 class PrimeGroup(TyperGroup):
-    """Turns ``PrimeError`` anywhere below into a message and its exit code, no traceback."""
+    """Turns ``PrimeError`` anywhere below, and failed file writes (``storage_error``), into a
+    message and its exit code, no traceback."""
 
     def invoke(self, ctx):
         try:
@@ -31,6 +32,14 @@ class PrimeGroup(TyperGroup):
         except PrimeError as exc:
             print_error(exc)
             ctx.exit(exc.exit_code)
+        except Exception as exc:  # a full disk or a forbidden folder: a message, not a traceback
+            from prime_core.errors import storage_error
+
+            friendly = storage_error(exc)
+            if friendly is None:
+                raise
+            print_error(friendly)
+            ctx.exit(friendly.exit_code)
 
 
 def _version(value: bool) -> None:
@@ -113,6 +122,25 @@ def _disabled_from_argv(argv: list[str]) -> list[str]:
     return names
 
 
+def _unknown_disabled(manager: PluginManager) -> PrimeError | None:
+    """A name given to ``--disable-plugin`` (or ``PRIME_DISABLED_PLUGINS``) that no installed
+    plugin has: a typo would otherwise leave the plugin meant running."""
+    from importlib.metadata import entry_points
+
+    from prime_core import ENTRY_POINT_GROUP
+    from prime_core.errors import PluginError, did_you_mean
+
+    if not manager.autoload:
+        return None
+    installed = {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    unknown = sorted(manager.disabled - installed)
+    if not unknown:
+        return None
+    return PluginError(f"--disable-plugin / {DISABLED_ENV}: no installed plugin is named "
+                       f"{', '.join(repr(n) for n in unknown)}{did_you_mean(unknown[0], installed)}",
+                       hint="`prime plugins list` shows the installed plugins' names")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     disabled = _disabled_from_argv(argv)
@@ -122,6 +150,10 @@ def main(argv: list[str] | None = None) -> None:
         os.environ[DISABLED_ENV] = ",".join(dict.fromkeys(current + disabled))
         set_plugin_manager(None)
     manager = get_plugin_manager()
+    unknown = _unknown_disabled(manager)
+    if unknown:
+        print_error(unknown)
+        sys.exit(unknown.exit_code)
     if not argv or argv[0] != "plugins":
         for record in manager.records.values():
             if record.status == "failed":

@@ -29,10 +29,12 @@ def print_warning(text: str) -> None:
     Console(stderr=True, highlight=False, soft_wrap=True).print(f"warning: {text}", style="yellow", markup=False)
 
 
-def load_config(root: str, tokens: list[str], manager: PluginManager | None = None) -> BaseModel:
-    """Parse ``tokens`` (files, ``@ file``, ``--key value``) and return the validated config."""
+def load_config(root: str, tokens: list[str], manager: PluginManager | None = None, *,
+                environ=None) -> BaseModel:
+    """Parse ``tokens`` (files, ``@ file``, ``--key value``) and return the validated config;
+    ``PRIME_*`` variables come from ``environ`` (this process's environment by default)."""
     from prime_core.config.cli_args import parse_args
     from prime_core.config.load import load
 
-    config, _ = load(root, parse_args(tokens), manager=manager or get_plugin_manager())
+    config, _ = load(root, parse_args(tokens), manager=manager or get_plugin_manager(), environ=environ)
     return config

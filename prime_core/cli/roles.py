@@ -28,16 +28,47 @@ def run_role(role: str, tokens: list[str]) -> int:
     import importlib
 
     from prime_core.hub import default_offline
+    from prime_core.launch.lifeline import watch_launcher
     from prime_core.plugins import get_plugin_manager
 
+    watch_launcher()  # started by a launcher: end with it, whatever ends it
     default_offline()
-    config = load_config(role, tokens)
+    config = load_config(role, tokens, environ=_role_environ(role))
     if getattr(config, "log", None) is not None:
         import logging
 
         logging.basicConfig(level=config.log.level.upper(), format=f"%(asctime)s {role} %(levelname)s %(message)s")
-    get_plugin_manager().hook.prime_configure(config=config, role=role)
-    return importlib.import_module(f"prime_core.{role}.role").run(config)
+    from prime_core.run_lock import lock_role
+
+    lock = lock_role(config, role)  # by hand: one trainer (orchestrator, sft) per output_dir, no launch beside it
+    failed = True
+    try:
+        get_plugin_manager().hook.prime_configure(config=config, role=role)
+        code = importlib.import_module(f"prime_core.{role}.role").run(config)
+        failed = False
+        return code
+    finally:
+        if lock is not None:
+            lock.release(remove_created=failed)  # a role refused at start leaves no trace
+
+
+def _role_environ(role: str) -> dict[str, str] | None:
+    """A role process's config is the file its launcher wrote, whole: the launcher resolved the
+    ``PRIME_*`` variables into it, and reading them again here would change it behind the
+    written file's back. A role typed by hand reads them like any command."""
+    import os
+
+    from prime_core.config.checks import schema_for
+    from prime_core.config.load import config_variables
+    from prime_core.launch.plan import is_role_process
+
+    if not is_role_process():
+        return None
+    skipped = config_variables(os.environ, set(schema_for(role).model_fields))
+    if skipped:
+        print(f"{role}: not reading {', '.join(skipped)}: this role's config file already holds what its launcher "
+              "resolved", flush=True)
+    return {}
 
 
 def _command(role: str, help_text: str):

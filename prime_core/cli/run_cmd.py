@@ -17,15 +17,16 @@ def launch(root: str, tokens: list[str]) -> int:
     """The launch path shared by ``prime run`` (root ``rl``), ``prime sft`` and ``prime inference``."""
     from rich.console import Console
 
-    from prime_core.config.checks import check, resolve_launcher
+    from prime_core.config.checks import check, hub_problems, resolve_launcher
     from prime_core.errors import ConfigError, PrimeError
-    from prime_core.launch.plan import role_config_paths, write_plan, write_role_configs
+    from prime_core.launch.plan import role_config_paths
     from prime_core.plugins import get_plugin_manager
+    from prime_core.run_lock import OutputDirLock, check_output_dir
 
     manager = get_plugin_manager()
     config = load_config(root, tokens, manager)
     dry_run = bool(getattr(config, "dry_run", False))
-    problems = check(config, root, manager)
+    problems = check(config, root, manager, here=False)
     if problems and not dry_run:
         raise ConfigError(problems, source="this run cannot start")
     console = Console(highlight=False)
@@ -39,8 +40,46 @@ def launch(root: str, tokens: list[str]) -> int:
     plan = None
     if launcher is not None:
         plan = launcher.plan(config, output_dir=config.output_dir, configs=paths, root=root)
-    if not dry_run and not plan.node_rank:  # node 0 owns output_dir; the other nodes join its run
-        prepare_output_dir(config)
+    if plan is not None and plan.script is None:  # the roles run on this machine, with its model cache
+        here = hub_problems(config)
+        if here and not dry_run:
+            raise ConfigError(here, source="this run cannot start")
+        problems = [*problems, *here]
+    check_output_dir(config.output_dir)
+    owner = plan is None or not plan.node_rank  # node 0 owns output_dir; the other nodes join its run
+    _refuse_output_dir(config, root, dry_run, owner)  # before the lock: a refused run leaves no trace
+    # Held until this process ends (the roles it starts die with it): a second run, a --resume
+    # or a --clean on this folder is refused before anything in it is deleted or written.
+    lock = OutputDirLock(config.output_dir).acquire() if owner else None
+    written = False
+    try:
+        problem = _refuse_output_dir(config, root, dry_run, owner)  # again, now that no one else can change it
+        if lock is not None and lock.took_over:
+            console.print(f"note: {config.output_dir} was left locked by a run that did not end cleanly "
+                          f"({lock.took_over}); taken over", markup=False)
+        if owner and not dry_run:
+            clean_output_dir(config, root)
+        written = True
+        if problem:
+            problems = [*problems, str(problem)]
+        return _write_and_launch(config, root, paths, plan, launcher, console, problems, dry_run, manager)
+    finally:
+        if lock is not None:
+            lock.release(remove_created=not written)  # a refused run leaves the disk as it was
+
+
+def _refuse_output_dir(config, root: str, dry_run: bool, owner: bool):
+    """Raise the ``output_dir_problem`` that stops this run (a dry run is only stopped by a
+    previous run, whose configs/ it would overwrite); return one a dry run only reports."""
+    problem = output_dir_problem(config, root) if owner else None
+    if problem and (not dry_run or problem.previous_run):
+        raise problem
+    return problem
+
+
+def _write_and_launch(config, root, paths, plan, launcher, console, problems, dry_run, manager) -> int:
+    from prime_core.launch.plan import write_plan, write_role_configs
+
     write_role_configs(config, config.output_dir, root)
     console.print(f"resolved configs written to {paths[root].parent}", markup=False)
     if plan is not None:
@@ -78,36 +117,63 @@ def show_plan(plan, console) -> None:
         console.print(f"  note: {note}", markup=False)
 
 
-RUN_OUTPUTS = ("rollouts", "weights", "checkpoints", "logs", "metrics.jsonl", "metrics.superseded.jsonl")
+RUN_OUTPUTS = {
+    "rl": ("rollouts", "weights", "checkpoints", "logs", "metrics.jsonl", "metrics.superseded.jsonl",
+           "metrics.torn.jsonl"),
+    "sft": ("model", "checkpoints", "logs", "metrics.jsonl", "metrics.superseded.jsonl", "metrics.torn.jsonl"),
+}
+"""What a run of each root writes under ``output_dir`` (and ``--clean`` deletes)."""
 
 
-def prepare_output_dir(config) -> None:
-    """A new run must not mix with an old one: refuse, clean (``--clean``) or resume (``--resume``).
-    Only for roots that have those switches (``prime run``)."""
-    import shutil
+def output_dir_problem(config, root: str):
+    """Why this run must not start on its ``output_dir`` as it is (a ``PrimeError``), or ``None``.
 
+    A new run must not mix with an old one: refuse unless ``--clean`` or ``--resume``; a
+    ``--resume`` needs something to resume. Only for roots with those switches."""
     from prime_core.errors import PrimeError
 
-    if not hasattr(config, "clean"):
-        return
+    if not hasattr(config, "clean") or getattr(config, "bench", None):  # a benchmark writes no run outputs
+        return None
     out = config.output_dir
-    previous = [name for name in RUN_OUTPUTS if (out / name).exists()]
-    if not previous or config.resume or config.bench:  # a benchmark writes no run outputs
-        return
-    if not config.clean:
-        raise PrimeError(
-            f"output_dir {out} holds a previous run ({', '.join(previous)})",
+    # logs/ alone is no run to protect or resume (a start that failed, or another node of this
+    # launch creating its log folder first); --clean removes it with the rest.
+    previous = [name for name in RUN_OUTPUTS[root] if name != "logs" and (out / name).exists()]
+    if config.resume and not previous:
+        error = PrimeError(f"--resume: output_dir {out} holds no earlier run to continue (no "
+                          f"{', '.join(RUN_OUTPUTS[root][:3])}, metrics.jsonl)",
+                          hint="leave out --resume to start a new run, or point --output-dir at the run to continue")
+        error.previous_run = False
+        return error
+    if previous and not (config.resume or config.clean):
+        error = PrimeError(
+            f"output_dir {out} holds a previous run ({', '.join(previous)}); nothing was changed",
             hint="--resume continues it, --clean deletes it, or choose another --output-dir",
         )
-    for name in previous:
+        error.previous_run = True
+        return error
+    return None
+
+
+def clean_output_dir(config, root: str) -> None:
+    """``--clean``: delete the previous run's outputs (under the lock, after every check)."""
+    import shutil
+
+    if not getattr(config, "clean", False):
+        return
+    out = config.output_dir
+    for name in RUN_OUTPUTS[root]:
         path = out / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
 
 
 def register(app: typer.Typer) -> None:
     @app.command("run", context_settings=CONFIG_ARGS)
     def run_command(ctx: typer.Context) -> None:
-        """Run the RL stack. CONFIG... are files (a.toml b.yaml, or @ a.toml @ b.toml) and --key value overrides; --dry-run writes the resolved configs and the plan and starts nothing."""
+        """Run the RL stack. CONFIG... are files (a.toml b.yaml, or @ a.toml @ b.toml) and --key value
+        overrides; --dry-run writes the resolved configs and the plan and starts nothing."""
         code = run(ctx.args)
         if code:
             raise typer.Exit(code)

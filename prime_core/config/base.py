@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
+from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict, model_validator
 
 T = TypeVar("T")
+
+
+def _numeric(annotation: Any) -> bool:
+    """Whether a field holds a number (``int``, ``float``, optional or annotated)."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _numeric(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return bool(members) and all(_numeric(a) for a in members)
+    return annotation in (int, float)
 
 
 class Section(BaseModel):
@@ -17,6 +30,19 @@ class Section(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True,
                               populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_flag_for_a_number(cls, data: Any) -> Any:
+        # pydantic reads true as 1: `--trainer.optim.lr` left without its value trained at lr 1.0.
+        # As the text "true" the number field refuses it (the report adds the likely cause).
+        if not isinstance(data, dict) or not any(isinstance(v, bool) for v in data.values()):
+            return data
+        numeric = {name for name, info in cls.model_fields.items() if _numeric(info.annotation)}
+        for name, info in cls.model_fields.items():
+            if name in numeric and isinstance(info.validation_alias, AliasChoices):
+                numeric.update(c for c in info.validation_alias.choices if isinstance(c, str))
+        return {k: (str(v).lower() if isinstance(v, bool) and k in numeric else v) for k, v in data.items()}
 
 
 def _toggle(value: Any) -> Any:
@@ -65,6 +91,26 @@ class Requires:
     name: str = ""
     when: Callable[[Any], bool] | None = None
     slot: str | None = None
+
+
+SECRET_WORDS = ("api_key", "apikey", "token", "secret", "password")
+
+
+def _no_secrets(value: Any) -> Any:
+    # A config is written to output_dir/configs/ and shown by --dry-run and `prime config show`:
+    # a secret in it would be on disk and in logs. Secrets travel in the environment or a file.
+    if isinstance(value, dict):
+        found = sorted(str(k) for k in value if any(w in str(k).lower().replace("-", "_") for w in SECRET_WORDS))
+        if found:
+            raise ValueError(f"{', '.join(found)}: a secret would be written to output_dir/configs/*.json and shown "
+                             "by --dry-run; export it in the environment of the command instead (an API key for the "
+                             "inference server: inference.server.api_key_var or api_key_file)")
+    return value
+
+
+NoSecrets = BeforeValidator(_no_secrets)
+"""For tables passed through to processes (``args``, ``env``, ``env_vars``): no key that names
+a secret (``api_key``, ``HF_TOKEN``, ``..._PASSWORD``)."""
 
 
 def _existing_file(path: Path) -> Path:

@@ -122,8 +122,9 @@ def resolve_launcher(config: BaseModel, manager: PluginManager) -> str:
     return chosen
 
 
-def check(config: BaseModel, root: str, manager: PluginManager | None = None) -> list[str]:
-    """Every problem that would stop this config from running here (empty when it can run)."""
+def check(config: BaseModel, root: str, manager: PluginManager | None = None, *, here: bool = True) -> list[str]:
+    """Every problem that would stop this config from running here (empty when it can run);
+    ``here = False``: its roles run elsewhere (a cluster), whose model cache is not checked."""
     manager = manager or get_plugin_manager()
     problems: list[str] = []
     for key, value, marker in _walk(config):
@@ -139,10 +140,60 @@ def check(config: BaseModel, root: str, manager: PluginManager | None = None) ->
             known = {r.name: r for r in manager.status()}
             why = f": {known[name].status}, {known[name].reason}" if name in known else " (not installed)"
             problems.append(f"required_plugins: plugin '{name}' is not active{why}{did_you_mean(name, active)}")
+    if here:
+        problems.extend(hub_problems(config))
+    problems.extend(_environment_problems(config, root))
+    problems.extend(_data_problems(config, root))
     problems.extend(_degree_problems(config, root, manager))
     problems.extend(env_args_problems(config, root, manager))
     problems.extend(_plugin_validators(config, root, manager))
     return problems
+
+
+def _environment_problems(config: BaseModel, root: str) -> list[str]:
+    """An RL run (or an orchestrator) needs an environment to sample tasks from."""
+    orchestrator, key = (getattr(config, "orchestrator", None), "orchestrator.env") if root == "rl" else (
+        (config, "env") if root == "orchestrator" else (None, ""))
+    if orchestrator is None or getattr(config, "bench", None) or orchestrator.env:
+        return []
+    return [f"{key}: no environment configured; add one, e.g. [[{key}]] id = \"NAME\" with a NAME `prime plugins "
+            "list` shows"]
+
+
+def _data_problems(config: BaseModel, root: str) -> list[str]:
+    """An SFT data file read through once, before anything starts: every line a JSON chat
+    sample ending with the assistant's turn (tokenizing is left to the run)."""
+    data = getattr(config, "data", None) if root == "sft" else None
+    if data is None or data.type != "jsonl" or data.path is None or getattr(config, "bench", None):
+        return []
+    from prime_core.sft.data import file_problems
+
+    return file_problems(data.path)
+
+
+def hub_problems(config: BaseModel) -> list[str]:
+    """Models named by a hub id that offline roles cannot load (each name once)."""
+    from prime_core.config.shared import ModelRef
+    from prime_core.hub import cache_problem
+
+    found: dict[str, str] = {}
+
+    def visit(section: BaseModel, prefix: str) -> None:
+        if isinstance(section, ModelRef):
+            for field in ("name", "tokenizer"):
+                name = getattr(section, field)
+                if name and name not in found:
+                    problem = cache_problem(name, f"{prefix}{field}")
+                    if problem:
+                        found[name] = problem
+            return
+        for key in type(section).model_fields:
+            value = getattr(section, key)
+            if isinstance(value, BaseModel):
+                visit(value, f"{prefix}{key}.")
+
+    visit(config, "")
+    return list(found.values())
 
 
 def _degree_problems(config: BaseModel, root: str, manager: PluginManager) -> list[str]:

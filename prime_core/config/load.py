@@ -90,6 +90,15 @@ def _first_line(exc: Exception) -> str:
     return text.splitlines()[0] if len(text.splitlines()) < 4 else " ".join(text.split())[:300]
 
 
+def config_variables(environ: Mapping[str, str], top_level_keys: set[str]) -> list[str]:
+    """The names of the ``PRIME_*`` variables ``read_env`` takes as config keys."""
+    from prime_core.plugins import CONTROL_ENV
+
+    prefix = f"{ENV_PREFIX}_"
+    return sorted(name for name in environ if name.startswith(prefix) and name not in CONTROL_ENV
+                  and ("__" in name or name[len(prefix):].lower() in top_level_keys))
+
+
 def read_env(environ: Mapping[str, str], top_level_keys: set[str]) -> tuple[dict[str, Any], list[str]]:
     """``PRIME_*`` variables as a nested dict, and the names that were ignored.
 
@@ -197,7 +206,6 @@ def load(root: str, args: ParsedArgs, *, manager=None, environ: Mapping[str, str
          ) -> tuple[BaseModel, list[str]]:
     """Load and validate a config for ``root``; returns it and any ignored env var names."""
     from prime_core.config.checks import schema_for
-
     from prime_core.launch.config import degree_problems
     from prime_core.plugins import get_plugin_manager
 
@@ -206,6 +214,9 @@ def load(root: str, args: ParsedArgs, *, manager=None, environ: Mapping[str, str
     data, provenance, ignored = gather(args, schema, environ)
     sources = ", ".join(str(p) for _, p in args.files) or None
     config = validate(schema, data, provenance, source=sources, root=root, manager=manager)
+    problems = config.problems() if hasattr(config, "problems") else []
+    if problems:
+        raise ConfigError(problems, source=sources)
     # A knobs-only file (the seeds' snippets) is checked against a deployment once it has one.
     if "deployment" in config.model_fields_set:
         problems = degree_problems(config, root, manager)

@@ -51,8 +51,9 @@ def _source(provenance: dict[tuple[str, ...], str], loc: tuple[Any, ...]) -> str
 def format_validation_error(exc: ValidationError, schema: type[BaseModel], provenance: dict[tuple[str, ...], str],
                             owner_of: Callable[[str], str | None] | None = None) -> list[str]:
     """One line per problem. ``owner_of(key)`` names the plugin that would provide an unknown
-    key and the fix, when one is known."""
-    problems: list[str] = []
+    key and the fix, when one is known. A shared key's problem is reported once, at the top
+    level, not again in each role it was copied into."""
+    found: list[tuple[tuple[Any, ...], str, str]] = []  # (loc, key and source, what is wrong)
     paths = None
     for error in exc.errors(include_url=False):
         raw_loc = tuple(error["loc"])
@@ -63,24 +64,43 @@ def format_validation_error(exc: ValidationError, schema: type[BaseModel], prove
         if kind == "extra_forbidden":
             parent = model_at(schema, raw_loc[:-1])
             leaf = str(loc[-1])
+            alias_of = _alias_owner(parent, leaf) if parent is not None else None
+            if alias_of:
+                found.append((loc, f"{key}{where}", f"another name of '{alias_of}', which is set too: give only one"))
+                continue
             siblings = field_names(parent) if parent is not None else set()
             owner = owner_of(key) if owner_of is not None else None
             hint = f" (a key of {owner})" if owner else did_you_mean(leaf, siblings)
             if not hint:
                 paths = paths if paths is not None else all_paths(schema)
-                homes = [p for p in paths if p.rsplit(".", 1)[-1] == leaf]
+                homes = [p.rsplit(".", 1)[0] if "." in p else "the top level"
+                         for p in paths if p.rsplit(".", 1)[-1] == leaf]
                 if homes:
-                    hint = f" ('{leaf}' is a key of {', '.join(h.rsplit('.', 1)[0] if '.' in h else 'the top level' for h in homes[:3])})"
+                    hint = f" ('{leaf}' is a key of {', '.join(homes[:3])})"
                 else:
                     hint = " (if a plugin provides it, install or enable that plugin: `prime plugins list`)"
-            problems.append(f"{key}{where}: unknown key{hint}")
+            found.append((loc, f"{key}{where}", f"unknown key{hint}"))
         elif kind == "missing":
-            problems.append(f"{key}{where}: required key is missing")
+            found.append((loc, f"{key}{where}", "required key is missing"))
         else:
             message = error["msg"]
             if message.startswith("Value error, "):
                 message = message[len("Value error, ") :]
             value = error.get("input")
             shown = "" if isinstance(value, dict | list) or kind.startswith("value_error") else f" (got {value!r})"
-            problems.append(f"{key}{where}: {message}{shown}")
-    return problems
+            if kind in ("int_parsing", "float_parsing") and value in ("true", "false"):
+                shown += ": a number is needed (an option given without its value?)"
+            found.append((loc, f"{key}{where}", f"{message}{shown}"))
+    shared = getattr(schema, "shared_keys", {})
+    top = {(loc, what) for loc, _, what in found}
+    return [f"{head}: {what}" for loc, head, what in found
+            if not (len(loc) > 1 and loc[0] in shared.get(loc[1], ()) and (loc[1:], what) in top)]
+
+
+def _alias_owner(model: type[BaseModel], name: str) -> str | None:
+    """The field that ``name`` is another accepted name of (``max_completion_tokens`` of ``max_tokens``)."""
+    for field, info in model.model_fields.items():
+        choices = getattr(info.validation_alias, "choices", ())
+        if name != field and name in choices:
+            return field
+    return None

@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import Field, model_validator
 
 from prime_core.bench import BenchConfig
-from prime_core.config.base import Section, Toggle
+from prime_core.config.base import NoSecrets, Section, Toggle
 from prime_core.config.shared import ROLES, CkptConfig, LogConfig, ModelRef, Monitors, WeightBroadcastConfig
 from prime_core.inference.config import InferenceConfig
 from prime_core.launch.config import Deployment, SingleNodeDeployment, infer_deployment_type
@@ -83,7 +83,7 @@ class RLConfig(Section):
     """Continue from the newest complete checkpoint under ``output_dir/checkpoints``."""
     clean: bool = False
     """Delete the previous run's outputs in ``output_dir`` before starting."""
-    env_vars: dict[str, str] = Field(default_factory=dict)
+    env_vars: Annotated[dict[str, str], NoSecrets] = Field(default_factory=dict)
     """Extra environment variables for every role process."""
     required_plugins: list[str] = Field(default_factory=list)
     """Plugin names that must be installed and active, e.g. ``["deepep"]``."""
@@ -117,6 +117,23 @@ class RLConfig(Section):
                 data[role] = section
         _point_client_at_server(data)
         return data
+
+    def problems(self) -> list[str]:
+        """Keys that contradict each other (checked once the config is valid; ``config.load``)."""
+        problems = clean_and_resume(self)
+        inference, sampling = self.inference, self.orchestrator.sampling
+        limit = inference.model.max_model_len if inference is not None else None
+        if limit is not None and sampling.max_tokens is not None and sampling.max_tokens >= limit:
+            problems.append(f"orchestrator.sampling.max_tokens = {sampling.max_tokens} leaves no room for a prompt "
+                            f"in inference.model.max_model_len = {limit}: lower max_tokens or raise max_model_len")
+        return problems
+
+
+def clean_and_resume(config) -> list[str]:
+    if config.clean and config.resume:
+        return ["clean = true and resume = true contradict each other (--clean deletes the run --resume would "
+                "continue): give one of them"]
+    return []
 
 
 def _move_legacy_keys(data: dict) -> None:
@@ -161,3 +178,9 @@ def _point_client_at_server(data: dict) -> None:
             client["base_url"] = [local_url(str(server.get("host", "127.0.0.1")), port + i) for i in range(max(dp, 1))]
     if "backend" not in client and isinstance(inference.get("backend"), str):
         client["backend"] = inference["backend"]
+    # The orchestrator presents the key the servers it talks to were given.
+    server = inference.get("server", {})
+    if isinstance(server, dict) and not {"api_key_var", "api_key_file"} & client.keys():
+        client["api_key_var"] = server.get("api_key_var", "VLLM_API_KEY")
+        if server.get("api_key_file") is not None:
+            client["api_key_file"] = server["api_key_file"]

@@ -17,7 +17,7 @@ from pydantic import BaseModel, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from prime_core.config.base import Toggle
+from prime_core.config.base import Section, Toggle
 from prime_core.config.rl import RLConfig
 from prime_core.config.shared import ROLES
 from prime_core.errors import PluginError
@@ -89,8 +89,12 @@ def _merge(target: type[BaseModel], here: str, section: ConfigSection, provider:
 
 
 def _validator_names(model: type[BaseModel]) -> set[str]:
+    """Names of the model's validators, less those every ``Section`` has (inherited by both
+    sides of a merge, they cannot clash)."""
     decorators = model.__pydantic_decorators__
-    return {name for kind in ("model_validators", "field_validators") for name in getattr(decorators, kind)}
+    names = {name for kind in ("model_validators", "field_validators") for name in getattr(decorators, kind)}
+    common = Section.__pydantic_decorators__
+    return names - {name for kind in ("model_validators", "field_validators") for name in getattr(common, kind)}
 
 
 def _mount(cls: type[BaseModel], parts: list[str], section: ConfigSection, provider: str,

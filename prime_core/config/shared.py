@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from prime_core.config.base import Section, Selects
 
@@ -34,12 +34,37 @@ class ModelRef(Section):
     trust_remote_code: bool = False
     """Allow custom modelling code shipped with the checkpoint."""
 
+    needs_tokenizer: ClassVar[bool] = True
+    """Whether the role reading this section tokenizes (the RL trainer does not)."""
+    needs_weights: ClassVar[bool] = True
+    """Whether it loads the model (the orchestrator only tokenizes)."""
+
     @field_validator("name")
     @classmethod
     def _local_folder_exists(cls, name: str) -> str:
         if local_folder_missing(name):
+            if Path(name).expanduser().exists():
+                raise ValueError(f"{name} is a file: a model is a folder (config.json, weights, tokenizer)")
             raise ValueError(f"model folder not found: {name}")
         return name
+
+    @model_validator(mode="after")
+    def _local_folder_loads(self) -> ModelRef:
+        folder = Path(self.name).expanduser()
+        if looks_like_local_path(self.name) and folder.is_dir():
+            from prime_core.model_folder import problems
+
+            found = problems(folder, tokenizer=self.needs_tokenizer and self.tokenizer is None,
+                             weights=self.needs_weights)
+            if found:
+                raise ValueError("; ".join(found))
+        return self
+
+
+class TokenizerRef(ModelRef):
+    """The model whose tokenizer a role uses (the orchestrator: it never loads the weights)."""
+
+    needs_weights: ClassVar[bool] = False
 
 
 class CkptConfig(Section):

@@ -2,17 +2,44 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from prime_core.config.base import Section, Selects, Toggle
+from prime_core.config.base import ExistingFile, NoSecrets, Section, Selects, Toggle
 from prime_core.config.shared import LogConfig, ModelRef
 from prime_core.launch.config import InferenceDeployment, InferenceSingleNodeDeployment, infer_deployment_type
 
 
-class ServerConfig(Section):
+class ApiKeyRef(Section):
+    """Where an API key is read from: never the key itself, which would then sit in the written
+    configs, logs and process arguments."""
+
+    api_key_var: str = "VLLM_API_KEY"
+    """Environment variable holding the API key; unset or empty: no key."""
+    api_key_file: ExistingFile | None = None
+    """A file whose first line is the API key (wins over ``api_key_var``)."""
+
+    def api_key(self) -> str | None:
+        """The key, or ``None`` when none is configured."""
+        if self.api_key_file is not None:
+            try:
+                key = Path(self.api_key_file).read_text(encoding="utf-8").strip().splitlines()
+            except OSError as exc:
+                from prime_core.errors import PrimeError
+
+                raise PrimeError(f"api_key_file = {self.api_key_file}: cannot read it ({exc.strerror or exc})",
+                                 hint="make it readable by this user, or use api_key_var") from None
+            return key[0].strip() if key and key[0].strip() else None
+        return os.environ.get(self.api_key_var) or None
+
+
+class ServerConfig(ApiKeyRef):
+    """Where the server listens, and the API key every request to it must carry (when one is
+    configured: every endpoint, the admin ones and ``/health`` included)."""
+
     host: str = "127.0.0.1"
     """Bind address; loopback unless you serve other machines on purpose."""
     port: int = Field(default=8000, ge=1, le=65535)
@@ -58,9 +85,9 @@ class InferenceConfig(Section):
     )
     startup_timeout: float = Field(default=600.0, gt=0)
     """Seconds to wait for the server to become healthy before giving up."""
-    args: dict[str, Any] = Field(default_factory=dict)
+    args: Annotated[dict[str, Any], NoSecrets] = Field(default_factory=dict)
     """Extra server arguments passed through unchanged (any vLLM flag, e.g. ``max_num_seqs``)."""
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Annotated[dict[str, str], NoSecrets] = Field(default_factory=dict)
     """Extra environment variables for the server process."""
     log: LogConfig = Field(default_factory=LogConfig)
     launcher: str = "auto"

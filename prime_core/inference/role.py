@@ -2,7 +2,7 @@
 
 The backend (``inference.backend``; ``auto``: the available one with the highest priority)
 comes from a plugin. One process serves one replica (``parallel.dp = 1``; launchers start
-one process per replica). SIGTERM (how launchers stop a role) and SIGINT stop the server
+one process per replica). SIGTERM (how launchers stop a role), SIGINT and SIGHUP stop the server
 and end the role with exit code 0; a server that dies by itself ends it with the server's
 exit code.
 """
@@ -35,7 +35,7 @@ def run(config) -> int:
     backend = select_backend(config.backend, key="inference.backend")
     server = backend.server(config)
     log = getattr(server, "log_path", None)
-    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         try:
             print(f"starting {describe(backend, config.backend)} server" + (f" (log: {log})" if log else ""),
@@ -59,4 +59,10 @@ def run(config) -> int:
     code = 128 - code if code < 0 else code  # killed by a signal: the shell's convention
     print(f"error: the {backend.name} inference server exited with code {code}"
           + (f"; see its log: {log}" if log else ""), file=sys.stderr, flush=True)
+    if log:
+        from pathlib import Path
+
+        from prime_core.launch.supervise import failure_report
+
+        print(failure_report(Path(log), since=getattr(server, "log_start", 0)), file=sys.stderr, flush=True)
     return code

@@ -92,9 +92,12 @@ def role_command(role: str, config_path: Path, *, processes: int = 1) -> list[st
 
 
 def python_command(processes: int = 1) -> list[str]:
-    """This Python, or torchrun starting ``processes`` copies on this machine (free port)."""
+    """This Python, or torchrun starting ``processes`` copies on this machine (its rendezvous on a
+    free port of loopback: ``prime_core.launch.loopback_rdzv``)."""
+    from prime_core.launch.loopback_rdzv import ARGS
+
     if processes > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
+        return [sys.executable, "-m", "torch.distributed.run", *ARGS, "--nproc-per-node", str(processes)]
     return [sys.executable]
 
 

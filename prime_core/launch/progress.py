@@ -6,8 +6,9 @@ counts; elsewhere (CI, a log file) one plain line per trainer step.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from prime_core.metrics import parse_record
 
 
 class RunProgress:
@@ -47,7 +48,7 @@ class RunProgress:
             chunk = f.read()
         complete = chunk[: chunk.rfind("\n") + 1]
         self.offset += len(complete.encode("utf-8"))
-        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+        return [record for line in complete.splitlines() if line.strip() and (record := parse_record(line)) is not None]
 
     def info(self) -> str:
         trainer, orch = self.latest.get("trainer", {}), self.latest.get("orchestrator", {})

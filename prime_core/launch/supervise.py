@@ -9,6 +9,7 @@ after a grace period) and the failing role is named with the end of its log. Ser
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -16,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from prime_core.launch.lifeline import LAUNCHER_ENV, identity, parent_death_signal
 from prime_core.launch.plan import ROLE_PROCESS_ENV, LaunchPlan, RoleProcess
 
 GRACE_SECONDS = 10.0
@@ -28,25 +30,65 @@ class Outcome:
     message: str = ""
 
 
-def tail(path: Path, lines: int = 20, width: int = 400) -> str:
-    """The last ``lines`` lines of a log, each cut to ``width`` characters, for error messages."""
+NOISE = re.compile(r'HTTP Request: [A-Z]+ |"[A-Z]+ \S+ HTTP/\d(\.\d)?" \d{3}')
+"""Request lines (httpx's client log, uvicorn's access log): what a failing role's log ends
+with, and never why it failed."""
+EXCEPTION = re.compile(r"\b[A-Z]\w*(Error|Exception)\b: |^error: ")
+CALM = re.compile(r"\b(WARNING|WARN|INFO|DEBUG)\b")
+
+
+def _lines(path: Path, since: int = 0):
+    with path.open("rb") as f:
+        f.seek(since)
+        for raw in f:
+            yield raw.decode("utf-8", errors="replace")
+
+
+def tail(path: Path, lines: int = 20, width: int = 400, *, since: int = 0) -> str:
+    """The last ``lines`` lines of a log from byte ``since`` on, request lines left out, each
+    cut to ``width`` characters, for error messages."""
     try:
-        with path.open("r", encoding="utf-8", errors="replace") as f:
-            last = deque(f, maxlen=lines)
+        last = deque((line for line in _lines(path, since) if not NOISE.search(line)), maxlen=lines)
     except OSError:
         return "(no log)"
     return "".join(line if len(line) <= width else line[:width] + "...\n" for line in last).rstrip() or "(empty log)"
 
 
+def first_errors(path: Path, *, since: int = 0, limit: int = 3, width: int = 400) -> list[str]:
+    """The first distinct exception messages of a log (``SomeError: why``): the cause, which the
+    end of a long traceback hides."""
+    found: list[str] = []
+    try:
+        for line in _lines(path, since):
+            text = line.strip()[:width]
+            if EXCEPTION.search(text) and not CALM.search(text) and not NOISE.search(text) and text not in found:
+                found.append(text)
+                if len(found) == limit:
+                    break
+    except OSError:
+        pass
+    return found
+
+
+def failure_report(path: Path, lines: int = 20, *, since: int = 0) -> str:
+    """What a failure message shows of a log: its first error lines, then its last lines."""
+    errors = first_errors(path, since=since)
+    head = "first errors in the log:\n" + "\n".join(f"  {e}" for e in errors) + "\n" if errors else ""
+    return f"{head}--- last lines of {path} ---\n{tail(path, lines, since=since)}"
+
+
 def _start(proc: RoleProcess) -> subprocess.Popen:
     proc.log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **proc.env, "PYTHONUNBUFFERED": "1", ROLE_PROCESS_ENV: "1"}
+    # Tied to this process (lifeline): the role dies with it, whatever kills it.
+    env = {**os.environ, **proc.env, "PYTHONUNBUFFERED": "1", ROLE_PROCESS_ENV: "1", LAUNCHER_ENV: identity()}
+    tie = parent_death_signal()
     if proc.console:  # the process writes its own log (per rank) and prints to this terminal
-        return subprocess.Popen(proc.command, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        return subprocess.Popen(proc.command, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                preexec_fn=tie)
     log = proc.log.open("ab")
     try:
         return subprocess.Popen(proc.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+                                env=env, start_new_session=True, preexec_fn=tie)
     finally:
         log.close()
 
@@ -70,8 +112,12 @@ def _stop(running: dict[str, subprocess.Popen], grace: float = GRACE_SECONDS) ->
             p.wait()
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Ctrl-C, ``kill``, and the hang-up of a closed terminal or SSH session: each stops every role."""
+
+
 class _Interrupts:
-    """Ctrl-C (SIGINT) and SIGTERM as a flag the supervision loop polls, instead of an
+    """Ctrl-C (SIGINT), SIGTERM and SIGHUP as a flag the supervision loop polls, instead of an
     exception raised wherever the main thread happens to be: inside the progress display's
     lock, that exception left its refresh thread waiting for ever (seen on a loaded machine)."""
 
@@ -83,7 +129,7 @@ class _Interrupts:
         import threading
 
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -111,17 +157,9 @@ def _supervise(plan: LaunchPlan, poll_interval: float, on_tick, interrupts: _Int
             if interrupts.requested:
                 _stop(running)
                 return Outcome(code=128 + interrupts.requested, message="interrupted: stopped every role")
-            for role, popen in running.items():
-                code = popen.poll()
-                # A service (the inference server) must outlive the workers: its exit is a failure.
-                if code is not None and (code != 0 or procs[role].service):
-                    _stop({r: p for r, p in running.items() if r != role})
-                    log = procs[role].log
-                    return Outcome(
-                        code=code if code > 0 else 128 - code,
-                        failed_role=role,
-                        message=f"role '{role}' exited with code {code}; last lines of {log}:\n{tail(log)}",
-                    )
+            failed = _failed(procs, running)
+            if failed:
+                return _failure(procs, running, failed)
             workers = [r for r, p in procs.items() if not p.service]
             if workers and all(running[r].poll() == 0 for r in workers):
                 _stop(running)
@@ -139,6 +177,34 @@ def _supervise(plan: LaunchPlan, poll_interval: float, on_tick, interrupts: _Int
         raise
 
 
+SETTLE_SECONDS = 3.0
+"""After a role fails, how long the others may take to fail too before being stopped: a dead
+inference server makes the orchestrator fail within a second or two, and the server is the
+role to report."""
+
+
+def _failed(procs: dict[str, RoleProcess], running: dict[str, subprocess.Popen]) -> list[str]:
+    """Roles that failed: a non-zero exit, or a service (the inference server), which must
+    outlive the workers, exiting at all."""
+    return [role for role, popen in running.items()
+            if popen.poll() is not None and (popen.returncode != 0 or procs[role].service)]
+
+
+def _failure(procs: dict[str, RoleProcess], running: dict[str, subprocess.Popen], failed: list[str]) -> Outcome:
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while time.monotonic() < deadline and not any(procs[r].service for r in failed):
+        time.sleep(0.1)
+        failed = list(dict.fromkeys([*failed, *_failed(procs, running)]))
+    _stop({r: p for r, p in running.items() if r not in failed})
+    # A service that died explains the others' failures (the orchestrator's refused connections).
+    role = next((r for r in failed if procs[r].service), failed[0])
+    code = running[role].returncode
+    also = [f"{r} (code {running[r].returncode})" for r in failed if r != role]
+    message = f"role '{role}' exited with code {code}" + (f"; then {', '.join(also)}" if also else "")
+    return Outcome(code=code if code > 0 else (128 - code if code < 0 else 1), failed_role=role,
+                   message=f"{message}\n{failure_report(procs[role].log)}")
+
+
 def run_here(plan: LaunchPlan) -> int:
     """What a launcher that starts processes on this machine does with its plan: an inline
     role runs in this process; otherwise every process is started and supervised, with
@@ -154,7 +220,7 @@ def run_here(plan: LaunchPlan) -> int:
         (process,) = plan.processes
         os.environ.update(process.env)
         return run_role(process.role, [str(process.config)])
-    console = Console(stderr=True, highlight=False)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)  # paths in messages stay whole
     for process in plan.processes:
         where = "output on this terminal; " if process.console else ""
         console.print(f"starting {process.role} ({where}log: {process.log})", markup=False)

@@ -92,12 +92,17 @@ def write_batch(output_dir: Path, step: int, micro_batches: list[MicroBatch], *,
 
 
 def wait_for_batch(output_dir: Path, step: int, *, poll: float = 0.1, timeout: float | None = None) -> dict:
-    """Block until the batch of ``step`` exists, then return it."""
+    """Block until the batch of ``step`` exists, then return it; after ``timeout`` seconds
+    raise a ``PrimeError`` naming the file waited for and who writes it."""
+    from prime_core.errors import PrimeError
+
     path = rollout_dir(output_dir, step) / "batch.json"
     start = time.monotonic()
     while not path.exists():
         if timeout is not None and time.monotonic() - start > timeout:
-            raise TimeoutError(f"no batch for step {step} at {path} after {timeout:.0f} s")
+            raise PrimeError(f"waited {timeout:g} s for the batch of step {step}: the orchestrator has not written "
+                             f"{path}", hint="see the orchestrator's log (output_dir/logs/orchestrator.log); raise "
+                                             "trainer.batch_timeout if its steps take that long")
         time.sleep(poll)
     return json.loads(path.read_text())
 

@@ -8,16 +8,18 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, Field, model_validator
 
 from prime_core.config.base import Section, Selects
-from prime_core.config.shared import CkptConfig, LogConfig, ModelRef, Monitors, WeightBroadcastConfig
+from prime_core.config.shared import CkptConfig, LogConfig, Monitors, TokenizerRef, WeightBroadcastConfig
+from prime_core.inference.config import ApiKeyRef
 
 
-class ClientConfig(Section):
+class ClientConfig(ApiKeyRef):
     """How the orchestrator reaches the inference servers (through the backend's client)."""
 
     base_url: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000/v1"])
     """One URL per inference replica; a single string is accepted."""
     api_key_var: str = "OPENAI_API_KEY"
-    """Environment variable holding the API key, if the server needs one."""
+    """Environment variable holding the API key, if the servers need one (in ``prime run``: the
+    inference server's ``api_key_var`` / ``api_key_file`` unless set here)."""
     timeout: float = Field(default=600.0, gt=0)
     """Seconds one request may take."""
     backend: Annotated[str, Selects("inference_backends", skip=("auto",))] = "auto"
@@ -63,7 +65,7 @@ class OrchestratorConfig(Section):
     """The orchestrator role: samples, scores and packs batches for the trainer."""
 
     output_dir: Path = Path("outputs")
-    model: ModelRef = Field(default_factory=ModelRef)
+    model: TokenizerRef = Field(default_factory=TokenizerRef)
     client: ClientConfig = Field(default_factory=ClientConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     env: list[EnvConfig] = Field(default_factory=list)
@@ -79,6 +81,10 @@ class OrchestratorConfig(Section):
     only handed over once the policy of step N-1-async_level is loaded for inference."""
     resume: bool = False
     """Continue after the newest complete trainer checkpoint."""
+    weights_timeout: float | None = Field(default=3600.0, gt=0)
+    """Seconds to wait for the trainer's next policy when nothing else can be done (the
+    ``async_level`` bound); then the run stops, naming the weights it waited for. ``None``: wait
+    for ever."""
     seq_len: int = Field(default=2048, ge=1)
     max_steps: int | None = Field(default=None, ge=1)
     seed: int = 0

@@ -15,7 +15,6 @@ weights published by the trainer are loaded into every replica as soon as they a
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import time
 from collections import deque
@@ -30,6 +29,7 @@ from prime_core.trainer import ckpt
 from prime_core.weights import remove_after
 
 SHOW = ("reward", "off_policy_max", "dropped", "weights_version", "sample_tokens_per_s")
+FIT_ATTEMPTS = 100
 
 
 @dataclass
@@ -72,7 +72,7 @@ class Orchestrator:
 
         backend = select_backend(config.client.backend, key="orchestrator.client.backend", manager=manager)
         print(f"inference backend: {describe(backend, config.client.backend)}", flush=True)
-        key = os.environ.get(config.client.api_key_var) or None
+        key = config.client.api_key()
         # One client per replica; the router chooses among their URLs.
         self.clients = {url: backend.client(url, api_key=key, timeout=config.client.timeout)
                         for url in config.client.base_url}
@@ -87,6 +87,10 @@ class Orchestrator:
         self.dropped_total = 0
         self._next_env = 0
         self._groups = 0
+        self.fit = {"prompts_too_long": 0, "completions_capped": 0}
+        """Samples that could not fit seq_len as asked (totals, in the metrics)."""
+        for name, env in self.envs:  # before waiting for anything: a config that cannot train stops here
+            self._task_that_fits(name, env, random.Random(config.seed))
 
     # ------------------------------------------------------------------ inference
 
@@ -147,20 +151,41 @@ class Orchestrator:
         name, env = self.envs[self._next_env % len(self.envs)]
         self._next_env += 1
         self._groups += 1
-        task = env.tasks(rng, 1)[0]
+        task, prompt_ids = self._task_that_fits(name, env, rng)
         version = self.version
-        prompt_ids = prompt_token_ids(self.tokenizer, task.prompt)
         sampling = self.config.sampling
+        room = self.config.seq_len - len(prompt_ids)
+        if sampling.max_tokens is not None and sampling.max_tokens > room:
+            self.fit["completions_capped"] += 1  # sampled up to seq_len, never cut afterwards
         request = SampleRequest(
             prompt_ids=prompt_ids, n=self.config.rollouts_per_example, temperature=sampling.temperature,
             top_p=sampling.top_p, seed=sampling.seed, session_id=f"group-{self._groups}",
-            max_tokens=sampling.max_tokens or max(1, self.config.seq_len - len(prompt_ids)))
+            max_tokens=min(sampling.max_tokens or room, room))
         samples = await self._sample(request)
         rewards = [float(await asyncio.to_thread(env.score, task, s.text)) for s in samples]
         advantages = self.advantages(rewards)
         samples = [TrainingSample(prompt_ids, list(s.token_ids), list(s.logprobs), float(adv), reward, version, name)
                    for s, adv, reward in zip(samples, advantages, rewards, strict=True)]
         return Group(name, version, samples, rewards)
+
+    def _task_that_fits(self, name: str, env, rng: random.Random):
+        """A task whose prompt leaves room for a completion in ``seq_len`` (its tokens trained
+        on): longer prompts are skipped and counted, with a warning; when none of
+        ``FIT_ATTEMPTS`` in a row fits, the run stops naming the environment and the fix."""
+        seq_len = self.config.seq_len
+        for _ in range(FIT_ATTEMPTS):
+            task = env.tasks(rng, 1)[0]
+            prompt_ids = prompt_token_ids(self.tokenizer, task.prompt)
+            if len(prompt_ids) < seq_len:
+                return task, prompt_ids
+            if not self.fit["prompts_too_long"]:
+                print(f"warning: environment '{name}': a prompt of {len(prompt_ids)} tokens leaves no room for a "
+                      f"completion in seq_len = {seq_len}; such prompts are skipped and counted "
+                      "(prompts_too_long in the metrics)", flush=True)
+            self.fit["prompts_too_long"] += 1
+        raise PrimeError(f"environment '{name}': {FIT_ATTEMPTS} prompts in a row are {seq_len} tokens or longer, "
+                         f"leaving nothing to train on within seq_len = {seq_len}",
+                         hint="raise seq_len (and inference.model.max_model_len with it)")
 
     # ------------------------------------------------------------------ the loop
 
@@ -173,7 +198,7 @@ class Orchestrator:
         ready: deque[Group] = deque()
         inflight: set[asyncio.Task] = set()
         step, dropped, last = start, 0, time.perf_counter()
-        sampled_tokens = 0
+        sampled_tokens, waiting = 0, None
         try:
             await self.load_newest_weights(minimum=start - 1)
             if self.probe is None:
@@ -208,11 +233,13 @@ class Orchestrator:
                         "sample_tokens_per_s": sampled_tokens / (now - last) if now > last else 0.0,
                         "env_rewards": {name: _mean([r for g in batch if g.env == name for r in g.rewards])
                                         for name in {g.env for g in batch}},
+                        **self.fit,
                     }, show=SHOW)
                     step, dropped, last, sampled_tokens = step + 1, 0, now, 0
                     continue
                 await self._collect(inflight, ready, timeout=0.2)
                 await self.load_newest_weights()
+                waiting = self._check_weights_wait(waiting, inflight, max(start - 1, step - 1 - config.async_level))
         finally:
             for task in inflight:
                 task.cancel()
@@ -234,6 +261,21 @@ class Orchestrator:
             if self.version < max(start - 1, target - 1 - config.async_level):
                 return  # wait for the trainer: the async bound
             inflight.add(asyncio.create_task(self.sample_group(rng)))
+
+    def _check_weights_wait(self, since: float | None, inflight: set, needed: int) -> float | None:
+        """When the orchestrator can do nothing until policy ``needed`` is published, since when
+        it has waited; past ``weights_timeout`` the run stops naming what it waited for."""
+        if inflight or self.version >= needed:
+            return None
+        now = time.monotonic()
+        since = since if since is not None else now
+        timeout = self.config.weights_timeout
+        if timeout is not None and now - since > timeout:
+            raise PrimeError(f"waited {timeout:g} s for policy v{needed}: the trainer has not published "
+                             f"{self.config.output_dir / 'weights' / f'step_{needed}'} (with its STABLE marker)",
+                             hint="see the trainer's log (output_dir/logs/trainer.log); raise "
+                                  "orchestrator.weights_timeout if its steps take that long")
+        return since
 
     @staticmethod
     async def _collect(inflight: set, ready: deque, timeout: float) -> None:

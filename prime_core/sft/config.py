@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from prime_core.bench import BenchConfig
-from prime_core.config.base import ExistingFile, Section, Toggle
+from prime_core.config.base import ExistingFile, NoSecrets, Section, Toggle
 from prime_core.config.shared import CkptConfig, LogConfig, Monitors
 from prime_core.launch.config import SFTDeployment, SFTSingleNodeDeployment, infer_deployment_type
 from prime_core.trainer.config import OptimConfig, SchedulerConfig, TrainerModelConfig
@@ -52,8 +52,26 @@ class SFTConfig(Section):
     """Write the resolved config and the launch plan, start nothing."""
     launcher: str = "auto"
     """Launcher plugin (``local``, ``torchrun``, ``slurm``); ``auto`` lets plugins decide."""
-    env_vars: dict[str, str] = Field(default_factory=dict)
+    env_vars: Annotated[dict[str, str], NoSecrets] = Field(default_factory=dict)
     """Extra environment variables for the training processes."""
+    resume: bool = False
+    """Continue from the newest complete checkpoint under ``output_dir/checkpoints``."""
+    clean: bool = False
+    """Delete the previous run's outputs in ``output_dir`` (its model, checkpoints, logs, metrics) first."""
 
     bench: Toggle[BenchConfig] = None
     """``--bench``: time a few steps on fake data and print step time, tokens/s, MFU and memory."""
+
+    def problems(self) -> list[str]:
+        """Keys that contradict each other (checked once the config is valid; ``config.load``)."""
+        from prime_core.config.rl import clean_and_resume
+        from prime_core.config.shared import looks_like_local_path
+        from prime_core.model_folder import TOKENIZER_FILES
+
+        problems = clean_and_resume(self)
+        folder = Path(self.model.name).expanduser()
+        if (self.model.tokenizer is None and looks_like_local_path(self.model.name) and folder.is_dir()
+                and not any((folder / name).is_file() for name in TOKENIZER_FILES)):
+            problems.append(f"model.name: {folder} has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...), "
+                            "which SFT needs: copy them from the model it was made from, or set model.tokenizer")
+        return problems

@@ -59,12 +59,12 @@ def load_dataset(path: Path, tokenizer) -> list[TrainingSample]:
 
 
 def run(config) -> int:
-    from prime_core import distributed
-
-    _refuse_unlaunched_processes(config)
-    from prime_core.hub import loading
     from transformers import AutoTokenizer
 
+    from prime_core import distributed
+    from prime_core.hub import loading
+
+    _refuse_unlaunched_processes(config)
     manager = get_plugin_manager()
     rng = random.Random(config.data.seed)
     bench = config.bench
@@ -76,8 +76,9 @@ def run(config) -> int:
     if config.data.type == "fake" or bench:
         dataset = fake_samples(config.data.batch_size * 4, config.seq_len, policy.hf_config.vocab_size,
                                config.data.length, rng)
+        fit = {"samples_dropped": 0, "samples_cut": 0}
     else:
-        dataset = load_dataset(config.data.path, tokenizer)
+        dataset, fit = fitting(load_dataset(config.data.path, tokenizer), config.seq_len, config.data.path)
     if not bench and max_steps is None:
         max_steps = max(1, len(dataset) // config.data.batch_size)
         training.scheduler = build_scheduler(training.optimizer, config.scheduler, max_steps)
@@ -86,14 +87,20 @@ def run(config) -> int:
         from prime_core.bench import BenchMeter
 
         meter = BenchMeter.for_run(config, training, role="sft", data=config.data.length)
+    done = _resume(config, training) if config.resume and not bench else 0
     metrics = MetricsLogger(config, role="sft", output_dir=config.output_dir) if world.main and not bench else None
     print(f"sft: {len(dataset)} samples, {max_steps} steps of {config.data.batch_size}, model {policy.impl} on "
           f"{world.size} × {world.device}, strategies {', '.join(policy.applied) or 'none'}", flush=True)
 
     batches = _batches(dataset, config.data, rng)
-    for step in range(1, max_steps + 1):
+    for _ in range(done):  # the data order of the run this one continues
+        next(batches)
+    for step in range(done + 1, max_steps + 1):
         batch = next(batches)
-        packed = pack(batch, config.seq_len) if config.data.pack else [r for s in batch for r in pack([s], config.seq_len)]
+        if config.data.pack:
+            packed = pack(batch, config.seq_len)
+        else:
+            packed = [row for sample in batch for row in pack([sample], config.seq_len)]
         start = meter.start_step(step) if meter else time.perf_counter()
         sums = train_step(training, [asdict(row) for row in packed], max_norm=config.optim.max_norm)
         if meter:
@@ -105,7 +112,7 @@ def run(config) -> int:
         if metrics:
             metrics.log(step, {"loss": sums["loss"], "grad_norm": sums["grad_norm"],
                                "lr": training.scheduler.get_last_lr()[0], "tokens": sums["tokens"],
-                               "tokens_per_s": sums["tokens"] / elapsed, "step_time": elapsed},
+                               "tokens_per_s": sums["tokens"] / elapsed, "step_time": elapsed, **fit},
                         show=("loss", "grad_norm", "tokens_per_s"))
         if config.ckpt.interval and step % config.ckpt.interval == 0:
             ckpt.save(config.output_dir, step, policy.model, training.optimizer, {}, world=world,
@@ -118,6 +125,42 @@ def run(config) -> int:
         metrics.close()
     distributed.shutdown()
     return 0
+
+
+def fitting(samples: list[TrainingSample], seq_len: int, path) -> tuple[list[TrainingSample], dict]:
+    """The samples that can teach something in ``seq_len`` tokens, and how many did not fit:
+    a sample whose prompt fills ``seq_len`` has no trained token left and is dropped; a longer
+    one has its tail cut. Both are counted (a warning, and in every step's metrics)."""
+    kept = [s for s in samples if len(s.prompt_ids) < seq_len]
+    dropped, cut = len(samples) - len(kept), sum(len(s) > seq_len for s in kept)
+    if not kept:
+        raise ConfigError([f"data.path: in {path}, every sample's prompt is {seq_len} tokens or longer, so "
+                           f"nothing is left to train on within seq_len = {seq_len}: raise seq_len"])
+    if dropped or cut:
+        print(f"warning: {path}: {dropped} of {len(samples)} samples have a prompt of seq_len = {seq_len} tokens or "
+              f"more and are left out; {cut} more are longer than seq_len and lose their tail (raise seq_len to "
+              "train on all of them)", flush=True)
+    return kept, {"samples_dropped": dropped, "samples_cut": cut}
+
+
+def _resume(config, training) -> int:
+    """``--resume``: load the newest usable checkpoint and return its step (0 without one);
+    metric lines of steps that are redone move to ``metrics.superseded.jsonl``."""
+    from prime_core.metrics import METRICS_FILE, drop_steps_from
+
+    world = training.world
+    found = ckpt.latest_usable(config.output_dir, warn=None if world.main else lambda text: None)
+    done = 0
+    if found:
+        done, path = found
+        ckpt.load(path, training.policy.model, training.optimizer)
+        for _ in range(done):
+            training.scheduler.step()
+    if world.main:
+        moved = drop_steps_from(Path(config.output_dir) / METRICS_FILE, "sft", done + 1)
+        print(f"sft: resuming after step {done}" + (f" from {found[1]}" if found else " (no usable checkpoint)")
+              + f"; {moved} superseded metric lines moved aside", flush=True)
+    return done
 
 
 def _refuse_unlaunched_processes(config) -> None:
@@ -148,14 +191,24 @@ def _batches(dataset: list[TrainingSample], data, rng: random.Random):
 
 
 def _write_model(policy, world, tokenizer, final: Path) -> None:
-    """The trained model (or LoRA adapter) with its tokenizer, in Hugging Face format."""
+    """The trained model (or LoRA adapter) with its tokenizer, in Hugging Face format, written
+    to a temporary folder, fsynced and renamed into place (a crash never leaves half a model)."""
+    import shutil
+
+    from prime_core.run_dir import fsync_tree, replace_dir, writing
+
     state = full_state_dict(policy, world)  # collective
     if not world.main:
         return
-    if isinstance(state, Adapter):  # LoRA: the adapter alone (PEFT layout)
-        state.save(final)
-    else:
-        policy.model.save_pretrained(final, state_dict=state, safe_serialization=True)
-    tokenizer.save_pretrained(final)
-    record_plugins(final)
+    tmp = final.with_name(f".{final.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with writing(tmp, "the final model"):
+        if isinstance(state, Adapter):  # LoRA: the adapter alone (PEFT layout)
+            state.save(tmp)
+        else:
+            policy.model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        record_plugins(tmp)
+        fsync_tree(tmp)
+    replace_dir(tmp, final)
     print(f"sft: final model written to {final}", flush=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -16,6 +16,8 @@ from prime_core.trainer.fake import FakeDataConfig
 class TrainerModelConfig(ModelRef):
     """The trained model and how it is built. Plugins add their own keys here (the parallel
     strategies' degrees and settings, kernels' options: ``prime config show`` lists them)."""
+
+    needs_tokenizer: ClassVar[bool] = False  # the RL trainer trains on token ids (SFT checks its own)
 
     impl: Annotated[str, Selects("model_impls", skip=("auto",))] = "auto"
     """Model implementation from a plugin (``prime plugins list``); ``auto`` takes the
@@ -82,6 +84,9 @@ class TrainerConfig(Section):
     seq_len: int = Field(default=2048, ge=1)
     resume: bool = False
     """Continue from the newest complete checkpoint under ``output_dir/checkpoints``."""
+    batch_timeout: float | None = Field(default=3600.0, gt=0)
+    """Seconds to wait for the orchestrator's batch of a step; then the trainer stops, naming
+    the file it waited for. ``None``: wait for ever."""
     seed: int = 0
     monitors: Monitors = Field(default_factory=lambda: ["jsonl"])
     """Metric sinks (``prime plugins list``); ``jsonl`` is always written."""

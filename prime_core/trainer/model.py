@@ -103,13 +103,15 @@ def token_logprob_fn():
         @staticmethod
         def forward(ctx, logits, targets, temperature, with_entropy):
             n = logits.shape[0]
-            logp = torch.empty(n, dtype=torch.float32, device=logits.device)
+            # float32 at least (float64 stays float64: the parity harness's exact reference)
+            work = torch.promote_types(logits.dtype, torch.float32)
+            logp = torch.empty(n, dtype=work, device=logits.device)
             lse = torch.empty_like(logp)
             entropy = torch.empty_like(logp) if with_entropy else logp.new_empty(0)
             step = rows(logits)
             for start in range(0, n, step):
                 end = min(n, start + step)
-                x = logits[start:end].float()
+                x = logits[start:end].to(work)
                 if temperature != 1.0:
                     x = x / temperature
                 chunk_lse = torch.logsumexp(x, dim=-1)
@@ -130,10 +132,10 @@ def token_logprob_fn():
             step = rows(logits)
             for start in range(0, logits.shape[0], step):
                 end = min(logits.shape[0], start + step)
-                x = logits[start:end].float()
+                x = logits[start:end].to(lse.dtype)
                 if temperature != 1.0:
                     x = x / temperature
-                g = grad_logp[start:end, None].float()
+                g = grad_logp[start:end, None].to(lse.dtype)
                 # d logp / d x = onehot(target) - softmax(x), times 1/T through the scaling.
                 chunk = torch.exp(x - lse[start:end, None]).mul_(-g)
                 chunk.scatter_add_(-1, targets[start:end, None], g)

@@ -52,25 +52,9 @@ def run(config) -> int:
                 step=step, path=str(config.output_dir / "weights" / f"step_{step}"))
         distributed.barrier(world)
 
-    done = 0
-    if config.resume:
-        found = ckpt.complete_checkpoints(config.output_dir)
-        if found:
-            done, path = found[-1]
-            changes = ckpt.plugin_changes(path)
-            if changes and world.main:
-                print(f"warning: resuming from {path} with other plugins than wrote it: {'; '.join(changes)}",
-                      flush=True)
-            ckpt.load(path, policy.model, training.optimizer)
-            for _ in range(done):
-                training.scheduler.step()
-        if world.main:
-            remove_after(config.output_dir, done)  # weights a crashed run published after its checkpoint
-            moved = drop_steps_from(config.output_dir / METRICS_FILE, "trainer", done + 1)
-            print(f"resuming after step {done}" + (f" from {path}" if found else " (no complete checkpoint)")
-                  + f"; {moved} superseded metric lines moved aside", flush=True)
-        if done:
-            publish(done)  # the orchestrator reloads inference from here
+    done = resume(config, training) if config.resume else 0
+    if done:
+        publish(done)  # the orchestrator reloads inference from here
     print(f"trainer: model {config.model.name} ({policy.impl}) on {world.size} × {world.device}, "
           f"strategies {', '.join(policy.applied) or 'none'}, steps {done + 1}..{config.max_steps}", flush=True)
 
@@ -78,7 +62,10 @@ def run(config) -> int:
     while config.max_steps is None or step < config.max_steps:
         step += 1
         vocab = policy.hf_config.vocab_size
-        batch = fake_batch(fake, config.seq_len, vocab, rng) if fake else wait_for_batch(config.output_dir, step)
+        if fake:
+            batch = fake_batch(fake, config.seq_len, vocab, rng)
+        else:
+            batch = wait_for_batch(config.output_dir, step, timeout=config.batch_timeout)
         start = time.perf_counter()
         sums = train_step(training, batch["micro_batches"], max_norm=config.optim.max_norm, loss_fn=loss_fn,
                           loss_kwargs=config.loss.kwargs, temperature=batch.get("temperature") or 1.0)
@@ -107,6 +94,36 @@ def run(config) -> int:
         metrics.close()
     distributed.shutdown()
     return 0
+
+
+def resume(config, training) -> int:
+    """Load the newest usable checkpoint (a damaged newer one is skipped, with a warning) and
+    return its step, 0 without one; weights published and metrics logged after it are dropped."""
+    world, policy = training.world, training.policy
+    found = ckpt.latest_usable(config.output_dir, warn=_say if world.main else _quiet)
+    done = 0
+    if found:
+        done, path = found
+        changes = ckpt.plugin_changes(path)
+        if changes and world.main:
+            print(f"warning: resuming from {path} with other plugins than wrote it: {'; '.join(changes)}", flush=True)
+        ckpt.load(path, policy.model, training.optimizer)
+        for _ in range(done):
+            training.scheduler.step()
+    if world.main:
+        remove_after(config.output_dir, done)  # weights a crashed run published after its checkpoint
+        moved = drop_steps_from(config.output_dir / METRICS_FILE, "trainer", done + 1)
+        print(f"resuming after step {done}" + (f" from {found[1]}" if found else " (no complete checkpoint)")
+              + f"; {moved} superseded metric lines moved aside", flush=True)
+    return done
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _quiet(text: str) -> None:
+    pass
 
 
 def run_bench(config, training, loss_fn, fake, rng) -> int:

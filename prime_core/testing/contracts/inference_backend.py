@@ -93,10 +93,10 @@ def check_health_of_a_dead_url(spec) -> None:
         _run(client.close)
 
 
-def check_samples(spec, url: str, model: Path) -> None:
+def check_samples(spec, url: str, model: Path, api_key: str | None = None) -> None:
     from prime_core.inference.client import Sample, SampleRequest
 
-    client = spec.client(url, api_key=None, timeout=120.0)
+    client = spec.client(url, api_key=api_key, timeout=120.0)
     expect(client.health() is True, f"backend '{spec.name}': health() is not True for its running server at {url}")
     many, (greedy,), (warm,) = _run(_sample_all, client, [
         SampleRequest(prompt_ids=PROMPT, n=3, max_tokens=6, temperature=1.0, seed=0, session_id="s-1"),
@@ -120,23 +120,23 @@ def check_samples(spec, url: str, model: Path) -> None:
                              f"the model's by {worst:.2e} (the trainer's importance ratio needs them exact)")
 
 
-def check_stop_tokens(spec, url: str) -> None:
+def check_stop_tokens(spec, url: str, api_key: str | None = None) -> None:
     from prime_core.inference.client import SampleRequest
 
-    (free,), = _run(_sample_all, spec.client(url, api_key=None, timeout=120.0),
+    (free,), = _run(_sample_all, spec.client(url, api_key=api_key, timeout=120.0),
                     [SampleRequest(prompt_ids=PROMPT, max_tokens=6, temperature=0.0)])
     if len(free.token_ids) < 3:
         pytest.skip("the model ended its greedy sample before a third token")
     stop = free.token_ids[2]
     first = free.token_ids.index(stop)
-    (stopped,), = _run(_sample_all, spec.client(url, api_key=None, timeout=120.0),
+    (stopped,), = _run(_sample_all, spec.client(url, api_key=api_key, timeout=120.0),
                        [SampleRequest(prompt_ids=PROMPT, max_tokens=6, temperature=0.0, stop_token_ids=[stop])])
     expect(stopped.finish_reason == "stop" and stopped.token_ids == free.token_ids[:first + 1],
            f"backend '{spec.name}': with stop token {stop} the sample was {stopped.token_ids} "
            f"({stopped.finish_reason}); it must end with the stop token, finish_reason 'stop'")
 
 
-def check_load_weights(spec, url: str, model: Path, tmp: Path) -> None:
+def check_load_weights(spec, url: str, model: Path, tmp: Path, api_key: str | None = None) -> None:
     from prime_core.inference.client import SampleRequest
 
     changed = changed_checkpoint(model, tmp / "step_1")
@@ -152,7 +152,7 @@ def check_load_weights(spec, url: str, model: Path, tmp: Path) -> None:
         finally:
             await client.close()
 
-    after, back = _run(go, spec.client(url, api_key=None, timeout=120.0))
+    after, back = _run(go, spec.client(url, api_key=api_key, timeout=120.0))
     want = reference_logprobs(changed, PROMPT, after.token_ids)
     worst = max(abs(a - b) for a, b in zip(after.logprobs, want, strict=True))
     expect(worst < 2e-3, f"backend '{spec.name}': after load_weights the samples are not the new model's "
@@ -162,12 +162,12 @@ def check_load_weights(spec, url: str, model: Path, tmp: Path) -> None:
     expect(worst < 2e-3, f"backend '{spec.name}': loading the first weights again did not restore them")
 
 
-def check_errors_name_the_server(spec, url: str) -> None:
+def check_errors_name_the_server(spec, url: str, api_key: str | None = None) -> None:
     from prime_core.errors import PrimeError
     from prime_core.inference.client import SampleRequest
 
     with pytest.raises(PrimeError) as err:
-        _run(_sample_all, spec.client(url, api_key=None, timeout=60.0),
+        _run(_sample_all, spec.client(url, api_key=api_key, timeout=60.0),
              [SampleRequest(prompt_ids=[10**7], max_tokens=2)])  # a token id no vocabulary has
     expect(url.removesuffix("/v1") in str(err.value), f"backend '{spec.name}': the error {str(err.value)!r} "
                                                       f"does not name the server {url}")
@@ -179,6 +179,8 @@ class InferenceBackendContract(Contract):
     registry = "inference_backends"
     server_args: ClassVar[list[str]] = []
     startup_timeout: ClassVar[float] = 600.0
+    api_key: ClassVar[str | None] = None
+    """The key the served server requires, if a ``served`` override starts it with one."""
 
     @pytest.fixture(scope="class")
     def model_dir(self, tmp_path_factory) -> Path:
@@ -217,16 +219,16 @@ class InferenceBackendContract(Contract):
         check_health_of_a_dead_url(spec)
 
     def test_samples_token_ids_with_the_models_logprobs(self, spec, served):
-        check_samples(spec, *served)
+        check_samples(spec, *served, api_key=self.api_key)
 
     def test_a_stop_token_ends_a_sample(self, spec, served):
-        check_stop_tokens(spec, served[0])
+        check_stop_tokens(spec, served[0], api_key=self.api_key)
 
     def test_load_weights_serves_the_new_model(self, spec, served, tmp_path):
-        check_load_weights(spec, served[0], served[1], tmp_path)
+        check_load_weights(spec, served[0], served[1], tmp_path, api_key=self.api_key)
 
     def test_errors_name_the_server(self, spec, served):
-        check_errors_name_the_server(spec, served[0])
+        check_errors_name_the_server(spec, served[0], api_key=self.api_key)
 
 
 def _free_port() -> int:

@@ -37,14 +37,16 @@ def _error_text(response) -> str:
 class VLLMAdmin:
     """Admin client of one vLLM server; ``base_url`` is its OpenAI URL (``http://h:p/v1``)."""
 
-    def __init__(self, base_url: str, *, timeout: float = 600.0, transport=None) -> None:
+    def __init__(self, base_url: str, *, timeout: float = 600.0, transport=None, api_key: str | None = None) -> None:
         import httpx
 
         self.base_url = base_url.rstrip("/")
         self.root = self.base_url.removesuffix("/v1")
         # No keep-alive: admin calls are rare, and uvicorn drops the connection after a failed
-        # call, which would break the next request sent on it.
-        self._client = httpx.Client(base_url=self.root, timeout=timeout,
+        # call, which would break the next request sent on it. A server with a key wants it on
+        # every endpoint, the admin ones and /health included (auth.py).
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self._client = httpx.Client(base_url=self.root, timeout=timeout, headers=headers,
                                     limits=httpx.Limits(max_keepalive_connections=0), transport=transport)
         self._builtin_reload = False
 
@@ -70,6 +72,10 @@ class VLLMAdmin:
                 hint="the server must run with LoRA enabled and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True "
                      "(prime's vllm backend does both when inference.lora is set)",
             )
+        if response.status_code == 401:
+            raise PrimeError(f"{what} failed: the vLLM server at {self.root} refused the API key (HTTP 401)",
+                             hint="give the orchestrator the server's key: orchestrator.client.api_key_var / "
+                                  "api_key_file (in `prime run` they follow inference.server's)")
         if response.status_code == 404:
             raise PrimeError(
                 f"{what} failed: {self.root}{path} does not exist (HTTP 404)",

@@ -48,7 +48,7 @@ class VLLMClient:
         if self._admin is None:
             from prime_plugin_vllm.admin import VLLMAdmin
 
-            self._admin = VLLMAdmin(self.base_url, timeout=self.timeout)
+            self._admin = VLLMAdmin(self.base_url, timeout=self.timeout, api_key=self.api_key)
         return self._admin
 
     def health(self) -> bool:
@@ -80,13 +80,18 @@ class VLLMClient:
                 break
             except (httpx.ReadError, httpx.RemoteProtocolError, httpx.ConnectError) as exc:
                 if attempt == ATTEMPTS - 1:
-                    raise PrimeError(f"{what} at {self.base_url} failed {ATTEMPTS} times: {type(exc).__name__}: {exc}",
-                                     hint="is the inference server still running? see its log under "
-                                          "output_dir/logs/") from None
+                    port = self.base_url.rsplit(":", 1)[-1].split("/")[0]
+                    raise PrimeError(f"{what}: the inference server at {self.base_url} is not answering "
+                                     f"({type(exc).__name__}: {exc}, {ATTEMPTS} tries): it has stopped",
+                                     hint=f"its log says why: output_dir/logs/vllm-{port}.log") from None
                 await asyncio.sleep(0.5 * (attempt + 1))
             except httpx.TimeoutException:
                 raise PrimeError(f"{what} at {self.base_url}: no answer within {self.timeout:g} s",
                                  hint="raise orchestrator.client.timeout, or lower sampling.max_tokens") from None
+        if response.status_code == 401:
+            raise PrimeError(f"{what} at {self.base_url}: the server refused the API key (HTTP 401)",
+                             hint="give the orchestrator the server's key: orchestrator.client.api_key_var / "
+                                  "api_key_file (in `prime run` they follow inference.server's)")
         if response.status_code != 200:
             raise PrimeError(f"{what} at {self.base_url} failed (HTTP {response.status_code}): {response.text[:500]}")
         return response.json()

@@ -8,6 +8,8 @@ by the server process and when ``VLLMServer``/``VLLMClient`` are used.
 
 from __future__ import annotations
 
+import os
+
 from prime_core import hookimpl
 from prime_core.specs import ConfigSection, InferenceBackend
 
@@ -23,6 +25,44 @@ def available() -> str | None:
     if find_spec("vllm") is None:
         return f"vllm is not installed: {INSTALL_HINT}"
     return None
+
+
+def _served_by_vllm(inference) -> bool:
+    return inference.backend == "vllm" or (inference.backend == "auto" and available() is None)
+
+
+def _numa_nodes() -> int:
+    from pathlib import Path
+
+    nodes = [p for p in Path("/sys/devices/system/node").glob("node[0-9]*")]
+    return max(1, len(nodes))
+
+
+@hookimpl
+def prime_validate_config(config, root):
+    """What vLLM would refuse only after its start-up: checked with the config, so that
+    ``--dry-run`` says so and a real run stops before anything starts."""
+    inference = config if root == "inference" else getattr(config, "inference", None) if root == "rl" else None
+    if inference is None or not _served_by_vllm(inference):
+        return []
+    prefix = "" if root == "inference" else "inference."
+    problems = []
+    from prime_plugin_vllm.server import LORA_RANKS, vllm_on_cpu
+
+    if inference.lora is not None and inference.lora.max_rank > LORA_RANKS[-1]:
+        problems.append(f"{prefix}lora.max_rank = {inference.lora.max_rank} (the LoRA rank): vLLM serves adapters "
+                        f"of rank {LORA_RANKS[-1]} at most; lower trainer.model.lora.rank")
+    args = {key.replace("-", "_") for key in inference.args}
+    if "host" in args or "port" in args:
+        problems.append(f"{prefix}args: set the address with {prefix}server.host / {prefix}server.port, which the "
+                        "orchestrator and the launchers read too")
+    tp = inference.parallel.tp
+    env = {**os.environ, **inference.env}
+    if tp > 1 and vllm_on_cpu() and not env.get("VLLM_CPU_OMP_THREADS_BIND") and _numa_nodes() < tp:
+        problems.append(f"{prefix}parallel.tp = {tp}: vLLM on CPU binds each of its {tp} workers to a NUMA node of "
+                        f"its own and this machine has {_numa_nodes()}; set {prefix}parallel.tp = 1, or bind them "
+                        f"yourself: {prefix}env = {{VLLM_CPU_OMP_THREADS_BIND = \"0|1\"}} (one core list per worker)")
+    return problems
 
 
 @hookimpl

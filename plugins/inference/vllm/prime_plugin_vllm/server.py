@@ -14,16 +14,20 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from prime_core.errors import PrimeError
-from prime_core.launch.supervise import tail
+from prime_core.launch.lifeline import parent_death_signal
+from prime_core.launch.supervise import failure_report
+from prime_plugin_vllm.auth import KEY_ENV
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 WORKER_EXTENSION = "prime_plugin_vllm.worker_ext.PrimeWorkerExtension"
+AUTH_MIDDLEWARE = "prime_plugin_vllm.auth.RequireApiKey"
+REPEATED_OPTIONS = ("middleware",)
+"""vLLM options given once per value (``action="append"``)."""
 CPU_KV_CACHE_BYTES = 256 * 1024**2
 """KV cache on CPU when neither ``args`` nor ``VLLM_CPU_KVCACHE_SPACE`` sizes it: vLLM's own
 default (4 GiB) is more than a small CPU machine can give to each server."""
@@ -71,7 +75,8 @@ def option_argv(options: dict[str, Any]) -> list[str]:
     """``{"max_num_seqs": 4, "enforce_eager": True}`` -> ``["--max-num-seqs", "4", "--enforce-eager"]``.
 
     ``True`` is a bare flag, ``False`` and ``None`` are left out, a list gives its values after
-    one flag (vLLM's list options take ``nargs='+'``), a dict is passed as JSON.
+    one flag (vLLM's list options take ``nargs='+'``; ``--middleware`` is repeated instead), a
+    dict is passed as JSON.
     """
     argv: list[str] = []
     for key, value in options.items():
@@ -80,6 +85,9 @@ def option_argv(options: dict[str, Any]) -> list[str]:
             continue
         if value is True:
             argv.append(flag)
+        elif key in REPEATED_OPTIONS and isinstance(value, (list, tuple)):
+            for item in value:
+                argv += [flag, str(item)]
         elif isinstance(value, (list, tuple)):
             if value:
                 argv += [flag, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)]
@@ -115,21 +123,6 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _parent_death_signal():
-    """A ``preexec_fn`` that has the kernel SIGTERM the child when this thread ends (the role
-    killed with SIGKILL, for one), or ``None`` where that is not available. Only for the main
-    thread: the signal follows the thread that forked, not the process."""
-    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the forked child
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 class VLLMServer:
     """One vLLM server process tree, configured by an ``InferenceConfig``."""
 
@@ -137,6 +130,8 @@ class VLLMServer:
         self.config = config
         self._on_cpu = on_cpu
         self._proc: subprocess.Popen | None = None
+        self.log_start = 0
+        """Where this start's lines begin in the log (appended to by every start)."""
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -192,7 +187,18 @@ class VLLMServer:
         env.update(cfg.env)
         if not env.get("VLLM_CPU_KVCACHE_SPACE", "x").strip():
             del env["VLLM_CPU_KVCACHE_SPACE"]  # exported but empty: vLLM's int("") kills the worker
+        # The key travels in the environment only (never argv, a config or a log), and only the
+        # one inference.server names: a VLLM_API_KEY inherited from elsewhere is not used.
+        env.pop(KEY_ENV, None)
+        if self.api_key:
+            env[KEY_ENV] = self.api_key
         return env
+
+    @property
+    def api_key(self) -> str | None:
+        if not hasattr(self, "_api_key"):
+            self._api_key = self.config.server.api_key()
+        return self._api_key
 
     def options(self) -> dict[str, Any]:
         """vLLM options (argparse dest names) from the config; ``config.args`` wins."""
@@ -217,6 +223,8 @@ class VLLMServer:
             # (temperature, top-k/p applied), which is what the trainer's ratio needs.
             "logprobs_mode": "processed_logprobs",
             "worker_extension_cls": WORKER_EXTENSION,
+            # With a key, every endpoint requires it (vLLM's own check covers /v1 only).
+            "middleware": [AUTH_MIDDLEWARE] if self.api_key else None,
         }
         if cfg.lora is not None:
             options.update(enable_lora=True, max_lora_rank=lora_rank(cfg.lora.max_rank), max_loras=cfg.lora.max_loras,
@@ -226,7 +234,11 @@ class VLLMServer:
         if (self.on_cpu and not any(k in args for k in KV_CACHE_ARGS)
                 and not self.env().get("VLLM_CPU_KVCACHE_SPACE")):
             options["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        ours = options.get("middleware") or []
         options.update(args)
+        if ours:  # the user's middleware runs too, never instead of the key check
+            theirs = args.get("middleware") or []
+            options["middleware"] = [*ours, *([theirs] if isinstance(theirs, str) else theirs)]
         return options
 
     def command(self) -> list[str]:
@@ -262,19 +274,19 @@ class VLLMServer:
         command, env = self.command(), self.env()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            log.write(("$ " + " ".join(command) + "\n").encode())
+        # Appended to: the log of a server that crashed survives the restart that follows.
+        with open(self.log_path, "ab") as log:
+            self.log_start = log.tell()
+            log.write((f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting vLLM ===\n$ " + " ".join(command)
+                       + "\n").encode())
             log.flush()
             self._proc = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True, preexec_fn=_parent_death_signal(),
+                start_new_session=True, preexec_fn=parent_death_signal(),
             )
 
     def _failure(self, what: str, hint: str | None = None) -> PrimeError:
-        return PrimeError(
-            f"{what}\n--- last lines of {self.log_path} ---\n{tail(self.log_path, LOG_TAIL_LINES)}",
-            hint=hint,
-        )
+        return PrimeError(f"{what}\n{failure_report(self.log_path, LOG_TAIL_LINES, since=self.log_start)}", hint=hint)
 
     def wait_healthy(self, timeout: float) -> None:
         """Poll ``GET /health`` until it answers 200; raise if the server exits or ``timeout`` passes."""
@@ -284,7 +296,9 @@ class VLLMServer:
             raise PrimeError("the vLLM server was not started")
         url = self.base_url.removesuffix("/v1") + "/health"
         deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=2.0, trust_env=False) as client:  # loopback: never via a proxy
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        # loopback: never via a proxy
+        with httpx.Client(timeout=2.0, trust_env=False, headers=headers) as client:
             while True:
                 code = self._proc.poll()
                 if code is not None:

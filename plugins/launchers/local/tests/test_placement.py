@@ -214,7 +214,8 @@ def test_sft_on_two_gpus_takes_the_first_two_visible(prime_cli, register_plugin,
     plan = json.loads((out / "configs" / "plan.json").read_text())
     (process,) = plan["processes"]
     assert process["env"]["CUDA_VISIBLE_DEVICES"] == "4,5" and plan["inline"] is False
-    assert plan["commands"][0].endswith(f"--standalone --nproc-per-node 2 -m prime_core sft {out / 'configs' / 'sft.json'}")
+    assert plan["commands"][0].endswith(f"--rdzv-endpoint 127.0.0.1:0 --rdzv-id prime --nproc-per-node 2 -m prime_core sft "
+                                        f"{out / 'configs' / 'sft.json'}")
     assert "dry_run" not in json.loads((out / "configs" / "sft.json").read_text()), "the written config runs for real"
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prime_core.launch.loopback_rdzv import ARGS as ONE_NODE_RDZV
+
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 SINGLE_NODE_TEMPLATE = "single_node.sbatch.j2"
 MULTI_NODE_TEMPLATE = "multi_node.sbatch.j2"
@@ -145,12 +147,14 @@ def template_context(config: Any, *, root: str, lay: Layout, output_dir: Path, c
         "inference_config": str(inference_config) if inference_config and lay.num_infer_nodes else None,
         "inference_port": server.server.port if server is not None else None,
         "inference_replicas": replicas,
-        # Servers other nodes reach bind every interface, unless the config names a host.
+        # Servers other nodes reach bind the address their node's name resolves to (the one the
+        # orchestrator connects to), unless the config names a host.
         "bind_inference": server is not None and "host" not in server.server.model_fields_set
         and (lay.multi_node or root == "inference"),
         "infer_gpu_ids": ids("inference_gpu_ids"),
         "train_gpu_ids": ids("trainer_gpu_ids"),
         "rdzv_port": slurm.rdzv_port,
+        "one_node_rdzv": " ".join(ONE_NODE_RDZV),  # loopback only (prime_core.launch.loopback_rdzv)
         "torchrun_log_dir": str(out / "logs" / (trainer_role or "trainer") / "torchrun"),
         "role_process_env": ROLE_PROCESS_ENV,
         "script_path": str(Path(script_path).resolve()),

@@ -7,9 +7,11 @@ table says which node this is and where the nodes meet, with torchrun's own flag
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field, field_validator
 
-from prime_core.config.base import Section
+from prime_core.config.base import NoSecrets, Section
 
 NETWORK_ENV = ("MASTER_ADDR", "MASTER_PORT", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME",
                "NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_DEBUG", "NCCL_NET", "NCCL_CROSS_NIC")
@@ -37,7 +39,7 @@ class TorchrunConfig(Section):
     """Local ranks whose output reaches the console (``--local-ranks-filter``); every rank is
     still logged under ``output_dir/logs/trainer/torchrun/``. ``None``: all ranks."""
     max_restarts: int = Field(default=0, ge=0)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Annotated[dict[str, str], NoSecrets] = Field(default_factory=dict)
     """Extra variables for the ranks (e.g. ``NCCL_SOCKET_IFNAME = "ib0"``)."""
 
     @field_validator("local_ranks_filter", mode="before")

@@ -74,8 +74,10 @@ def torchrun_argv(config, role: str, config_path: Path, log_dir: Path, environ=N
     nnodes, nproc, keys = layout(config)
     rank = node_rank(config, environ)
     argv = [sys.executable, "-m", "torch.distributed.run"]
-    if nnodes == 1:
-        argv += ["--standalone"]
+    if nnodes == 1:  # its rendezvous on loopback only, unlike --standalone's on every interface
+        from prime_core.launch.loopback_rdzv import ARGS
+
+        argv += ARGS
     else:
         endpoint = rdzv_endpoint(config, environ)
         if endpoint is None:

@@ -55,7 +55,8 @@ def test_table_selects_the_launcher_and_one_node_is_standalone(torchrun_cli, tmp
     plan = plan_of(out)
     assert plan["launcher"] == "torchrun"
     command = plan["commands"][0]
-    assert command.startswith("torchrun --standalone --nproc-per-node 4 --max-restarts 0 --log-dir "
+    assert command.startswith("torchrun --nnodes 1 --rdzv-backend prime-loopback --rdzv-endpoint 127.0.0.1:0 "
+                              "--rdzv-id prime --nproc-per-node 4 --max-restarts 0 --log-dir "
                               f"{out / 'logs' / 'trainer' / 'torchrun' / 'node_0'} --tee 3 --local-ranks-filter 0")
     assert command.endswith(f"-m prime_core sft {out / 'configs' / 'sft.json'}")
 
@@ -126,7 +127,7 @@ def test_rl_single_node_places_inference_before_the_trainer(torchrun_cli, tmp_pa
     gpus = {p["role"]: p["env"].get("CUDA_VISIBLE_DEVICES") for p in plan["processes"]}
     assert gpus == {"inference[0]": "0", "inference[1]": "1", "orchestrator": None, "trainer": "2,3"}
     assert plan["commands"][1].endswith(f"prime inference {out / 'configs' / 'inference_1.json'}")
-    assert "--standalone --nproc-per-node 2" in plan["commands"][-1]
+    assert "--rdzv-endpoint 127.0.0.1:0 --rdzv-id prime --nproc-per-node 2" in plan["commands"][-1]
 
 
 def _free_port() -> int:

@@ -1,0 +1,95 @@
+"""A one-node torchrun (how every launcher starts several trainer processes on one machine)
+listens on loopback only: its rendezvous store (``prime_core.launch.loopback_rdzv``) and the
+ranks' gloo sockets. ``torchrun --standalone`` would host the store on every interface."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+from prime_core.launch.plan import python_command
+
+WORKER = textwrap.dedent("""
+    import os, sys, time
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print("up", int(t.item()), os.environ["MASTER_ADDR"], flush=True)
+    time.sleep(float(sys.argv[1]))
+    dist.destroy_process_group()
+""")
+
+
+def tree(pid: int) -> set[int]:
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat[stat.rfind(")") + 2:].split()[1])
+    found, frontier = {pid}, {pid}
+    while frontier:
+        frontier = {c for c, p in parents.items() if p in frontier} - found
+        found |= frontier
+    return found
+
+
+def listening(pids: set[int]) -> set[tuple[str, int]]:
+    """``(address, port)`` of every TCP socket these processes listen on."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = str(fd.readlink()) if fd.is_symlink() else ""
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    found = set()
+    for table, size in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            hex_addr, hex_port = fields[1].split(":")
+            raw = bytes.fromhex(hex_addr)
+            words = [raw[i:i + 4][::-1] for i in range(0, size, 4)]  # little-endian 32-bit words
+            joined = b"".join(words)
+            address = ".".join(str(b) for b in joined) if size == 4 else joined.hex()
+            found.add((address, int(hex_port, 16)))
+    return found
+
+
+def test_one_node_torchrun_listens_on_loopback_only(tmp_path):
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    run = subprocess.Popen([*python_command(2), str(worker), "20"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    processes: set[int] = {run.pid}
+    try:
+        ups = 0
+        deadline = time.monotonic() + 120
+        while ups < 2:
+            line = run.stdout.readline()
+            assert line and time.monotonic() < deadline, "the ranks did not come up"
+            ups += line.startswith("up 2 127.0.0.1")
+        processes = tree(run.pid)
+        sockets = listening(processes)
+    finally:  # torchrun's ranks too: a SIGKILL to torchrun alone would leave them running
+        run.terminate()
+        run.wait()
+        for pid in processes:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    assert sockets, "the run listens on something (its store)"
+    loopback = {"127.0.0.1", "00000000000000000000000001000000"}  # IPv4, and IPv6 ::1
+    assert {address for address, _ in sockets} <= loopback, sockets

@@ -1,0 +1,284 @@
+"""What keeps a run's folder whole and its messages true: the output_dir lock, written configs
+that roles do not second-guess, resume after damage (a torn metrics line, a damaged newest
+checkpoint), atomic writes, full disks, log tails that show the cause, prompts that cannot fit."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prime_core.errors import PrimeError, storage_error
+from prime_core.metrics import TORN_FILE, append_jsonl, drop_steps_from, read_jsonl
+from prime_core.run_lock import OutputDirLock, lock_role
+
+pytest_plugins = ["prime_core.testing"]
+
+
+# -- the output_dir lock ---------------------------------------------------------------------
+
+
+HOLD = """
+import sys, time
+from prime_core.run_lock import OutputDirLock
+sys.argv = ["prime", "run", "held.toml"]
+lock = OutputDirLock({out!r}, role={role!r}).acquire()
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def hold(out: Path, role: str | None = None) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(out=str(out), role=role)], stdout=subprocess.PIPE,
+                              text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_live_folder_is_refused_naming_its_holder_and_a_dead_ones_lock_is_taken_over(tmp_path):
+    out = tmp_path / "out"
+    holder = hold(out)
+    try:
+        with pytest.raises(PrimeError, match=rf"output_dir = {out} is in use by a run \(pid {holder.pid} on .*: "
+                                             r"prime run held.toml\); nothing was changed"):
+            OutputDirLock(out).acquire()
+        with pytest.raises(PrimeError, match="in use by a run"):  # a role by hand beside a launch
+            OutputDirLock(out, role="trainer").acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = OutputDirLock(out).acquire()  # the kernel freed the dead holder's lock
+    try:
+        assert lock.took_over and f"pid {holder.pid}" in lock.took_over
+    finally:
+        lock.release()
+    again = OutputDirLock(out).acquire()  # released cleanly: nothing to take over
+    assert again.took_over is None
+    again.release()
+
+
+def test_roles_by_hand_share_a_folder_but_not_a_role(tmp_path):
+    out = tmp_path / "out"
+    trainer = hold(out, "trainer")
+    try:
+        orchestrator = OutputDirLock(out, role="orchestrator").acquire()  # one run's roles coexist
+        with pytest.raises(PrimeError, match="is in use by another trainer"):
+            OutputDirLock(out, role="trainer").acquire()
+        with pytest.raises(PrimeError, match="in use by a run"):  # no launch beside them
+            OutputDirLock(out).acquire()
+        orchestrator.release()
+    finally:
+        trainer.kill()
+        trainer.wait()
+
+
+def test_a_refused_launch_leaves_no_trace_and_launched_roles_lock_nothing(tmp_path, monkeypatch):
+    out = tmp_path / "new" / "out"
+    lock = OutputDirLock(out).acquire()
+    lock.release(remove_created=True)
+    assert not (tmp_path / "new").exists()
+    monkeypatch.setenv("PRIME_LAUNCHER", "1:2")
+
+    class Config:
+        output_dir = out
+
+    assert lock_role(Config(), "trainer") is None and not out.exists()
+
+
+# -- the written configs are the whole truth --------------------------------------------------
+
+
+def test_launched_roles_read_their_file_not_prime_variables(tmp_path, monkeypatch, installed_plugins):
+    from prime_core.cli.common import load_config
+    from prime_core.cli.roles import _role_environ
+
+    path = tmp_path / "trainer.json"
+    path.write_text(json.dumps({"max_steps": 2, "output_dir": str(tmp_path)}))
+    monkeypatch.setenv("PRIME_MAX_STEPS", "3")
+    monkeypatch.delenv("PRIME_ROLE_PROCESS", raising=False)
+    assert load_config("trainer", [str(path)], environ=_role_environ("trainer")).max_steps == 3  # by hand
+    monkeypatch.setenv("PRIME_ROLE_PROCESS", "1")
+    assert load_config("trainer", [str(path)], environ=_role_environ("trainer")).max_steps == 2  # launched
+
+
+# -- metrics and checkpoints after a crash -------------------------------------------------------
+
+
+def test_a_torn_metrics_line_is_kept_aside_and_never_glued_to_the_next(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    append_jsonl(path, {"role": "trainer", "step": 1})
+    with path.open("a") as f:
+        f.write('{"role": "trainer", "st')  # a crash mid-write
+    append_jsonl(path, {"role": "orchestrator", "step": 1})
+    assert [r["role"] for r in read_jsonl(path)] == ["trainer", "orchestrator"]
+    assert drop_steps_from(path, "trainer", 5) == 0
+    assert "line 2 was not a complete record" in capsys.readouterr().out
+    assert (tmp_path / TORN_FILE).read_text() == '{"role": "trainer", "st\n'
+    assert [json.loads(line)["role"] for line in path.read_text().splitlines()] == ["trainer", "orchestrator"]
+
+
+def _save_two_checkpoints(tmp_path):
+    import torch
+
+    from prime_core.trainer import ckpt
+
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    for step in (1, 2):
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+        ckpt.save(tmp_path, step, model, optimizer, {})
+    return model, optimizer
+
+
+@pytest.mark.parametrize("damage", ["truncated shard", "no metadata", "progress not JSON", "shard missing"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, damage):
+    from prime_core.trainer import ckpt
+
+    _save_two_checkpoints(tmp_path)
+    newest = tmp_path / "checkpoints" / "step_2"
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_1", "step_2"]  # no .tmp left
+    shard = next((newest / "state").glob("*.distcp"))
+    if damage == "truncated shard":
+        with shard.open("r+b") as f:
+            f.truncate(shard.stat().st_size // 2)
+    elif damage == "no metadata":
+        (newest / "state" / ".metadata").unlink()
+    elif damage == "progress not JSON":
+        (newest / "progress.json").write_text("{")
+    else:
+        shard.unlink()
+    warnings: list[str] = []
+    assert ckpt.latest_usable(tmp_path, warn=warnings.append) == (1, tmp_path / "checkpoints" / "step_1")
+    assert ckpt.latest_step(tmp_path, warn=warnings.append) == 1  # what the orchestrator resumes from
+    (warning,) = set(warnings)
+    assert "checkpoint step 2 is not usable" in warning and str(newest) in warning
+
+
+def test_a_failed_checkpoint_write_is_a_message_and_leaves_the_previous_one(tmp_path, monkeypatch):
+    import torch.distributed.checkpoint as dcp
+
+    from prime_core.trainer import ckpt
+
+    model, optimizer = _save_two_checkpoints(tmp_path)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "checkpoints" / ".step_3.tmp"))
+
+    monkeypatch.setattr(dcp, "save", full_disk)
+    with pytest.raises(PrimeError, match=r"the disk is full while writing .*\.step_3\.tmp \(the checkpoint of step 3"):
+        ckpt.save(tmp_path, 3, model, optimizer, {})
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_1", "step_2"]
+    assert ckpt.latest_usable(tmp_path) == (2, tmp_path / "checkpoints" / "step_2")
+
+
+def test_storage_errors_become_messages_and_others_do_not():
+    full = storage_error(OSError(errno.ENOSPC, "No space left on device", "/out/weights/x"))
+    assert str(full).startswith("the disk is full while writing /out/weights/x") and "--resume" in str(full)
+    try:
+        try:
+            raise OSError(errno.EROFS, "Read-only file system")
+        except OSError as exc:
+            raise RuntimeError("save failed") from exc
+    except RuntimeError as wrapped:
+        assert "the file system is read-only" in str(storage_error(wrapped))
+    wrapped_text = RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+    assert "the disk is full" in str(storage_error(wrapped_text))
+    assert storage_error(ValueError("bad value")) is None
+    assert storage_error(OSError(errno.ENOENT, "No such file")) is None
+
+
+# -- messages that name the cause ----------------------------------------------------------------
+
+
+def test_a_failure_report_shows_the_cause_and_no_request_noise(tmp_path):
+    from prime_core.launch.supervise import failure_report
+
+    log = tmp_path / "role.log"
+    noise = ['HTTP Request: POST http://127.0.0.1:8000/v1/completions "HTTP/1.1 200 OK"\n' for _ in range(30)]
+    access = [f'INFO:     127.0.0.1:{40000 + i} - "POST /v1/completions HTTP/1.1" 200 OK\n' for i in range(30)]
+    log.write_text("starting\nWARNING something harmless: OSError: [Errno 24] ulimit\n"
+                   "(EngineCore pid=1) ERROR core.py AssertionError: Not enough NUMA nodes\n"
+                   "Traceback (most recent call last):\n" + "".join(noise) + "".join(access)
+                   + "RuntimeError: Engine core initialization failed\n")
+    report = failure_report(log, 5)
+    assert report.splitlines()[:3] == ["first errors in the log:",
+                                       "  (EngineCore pid=1) ERROR core.py AssertionError: Not enough NUMA nodes",
+                                       "  RuntimeError: Engine core initialization failed"]
+    assert "HTTP Request" not in report and "HTTP/1.1" not in report  # 60 request lines, none shown
+    assert report.splitlines()[-1] == "RuntimeError: Engine core initialization failed"
+    assert "ulimit" not in "".join(report.splitlines()[:3]), "a warning is no cause"
+
+
+# -- SFT: resume, atomic model, full disk ----------------------------------------------------------
+
+
+def prime(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "prime_core", *args], capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    from prime_plugin_hf.tiny import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, num_layers=1)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "sft.jsonl"
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"{i}+1"},
+                                                     {"role": "assistant", "content": str(i + 1)}]}) + "\n"
+                            for i in range(32)))
+    return path
+
+
+def test_sft_resumes_past_a_damaged_checkpoint_and_a_torn_metrics_line(tiny, data, tmp_path):
+    out = tmp_path / "sft"
+    common = ["sft", "--model.name", str(tiny), "--model.dtype", "float32", "--data.path", str(data),
+              "--data.batch-size", "8", "--seq-len", "64", "--optim.lr", "1e-3", "--output-dir", str(out),
+              "--ckpt.interval", "1"]
+    first = prime(*common, "--max-steps", "3")
+    assert first.returncode == 0, first.stdout + first.stderr
+    model = (out / "model" / "model.safetensors").read_bytes()
+    assert not list(out.glob(".model*")), "the model was renamed into place"
+    shard = next((out / "checkpoints" / "step_3" / "state").glob("*.distcp"))
+    with shard.open("r+b") as f:
+        f.truncate(100)
+    with (out / "metrics.jsonl").open("a") as f:
+        f.write('{"role": "sft", "step": 4, "lo')
+    again = prime(*common, "--max-steps", "4")
+    assert again.returncode == 1 and "holds a previous run (model, checkpoints, metrics.jsonl)" in again.stderr
+    resumed = prime(*common, "--max-steps", "4", "--resume")
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, output
+    assert f"checkpoint step 3 is not usable: {shard} is missing or truncated" in output
+    assert "sft: resuming after step 2" in output and "line 4 was not a complete record" in output
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert [r["step"] for r in read_jsonl(out / "metrics.superseded.jsonl")] == [3]
+    assert (out / TORN_FILE).read_text().startswith('{"role": "sft", "step": 4')
+    assert (out / "model" / "model.safetensors").read_bytes() != model, "the model of the resumed run"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs (a full disk) needs root")
+def test_a_full_disk_is_a_message_naming_what_was_written(tiny, data, tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(disk)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        done = prime("sft", "--model.name", str(tiny), "--model.dtype", "float32", "--data.path", str(data),
+                     "--data.batch-size", "8", "--seq-len", "64", "--max-steps", "1", "--output-dir", str(disk / "o"))
+        output = done.stdout + done.stderr
+        assert done.returncode == 1, output
+        assert "error: the disk is full while writing" in output and "(the final model, in" in output, output
+        assert "free some space" in output and "Traceback" not in output
+        assert not list((disk / "o").glob(".model*")), "the partial model was removed (its space given back)"
+    finally:
+        subprocess.run(["umount", str(disk)])
