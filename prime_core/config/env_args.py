@@ -29,6 +29,9 @@ def env_args_problems(config: Any, root: str, manager) -> list[str]:
     for i, env in enumerate(getattr(section, "env", None) or []):
         if env.id in entries:
             problems.extend(check_env_args(entries[env.id].spec, env.args, f"orchestrator.env[{i}].args"))
+    for i, env in enumerate(getattr(getattr(section, "eval", None), "env", None) or []):
+        if env.id in entries:
+            problems.extend(check_env_args(entries[env.id].spec, env.args, f"orchestrator.eval.env[{i}].args"))
     return problems
 
 
