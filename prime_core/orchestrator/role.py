@@ -83,7 +83,7 @@ class Orchestrator:
                                "[[orchestrator.env]] id = \"NAME\" with a NAME `prime plugins list` shows"])
         self.envs = load_envs(config.env, manager, "orchestrator.env")
         self.eval_envs = []
-        if config.eval is not None:
+        if config.eval is not None:  # their own environments, or training's (the same objects)
             self.eval_envs = (load_envs(config.eval.env, manager, "orchestrator.eval.env") if config.eval.env
                               else self.envs)
         parser = manager.select("tool_parsers", config.rollout.tool_parser, key="orchestrator.rollout.tool_parser")
@@ -218,7 +218,8 @@ class Orchestrator:
         self.evals.add(task)
         task.add_done_callback(self.evals.discard)
 
-    async def _evaluate(self, version: int, metrics_log: MetricsLogger) -> None:
+    async def evaluate_once(self, tag: str = "eval") -> dict:
+        """Every eval environment's fixed examples, k rollouts each (``eval.evaluate``)."""
         from prime_core.orchestrator.eval import evaluate
 
         config = self.config.eval
@@ -226,10 +227,13 @@ class Orchestrator:
         async def run_one(name, env, task, session):
             return await run_episode(env, task, self.episode(env, task, session, temperature=config.temperature))
 
+        return await evaluate(self.eval_envs, run_one, num_examples=config.num_examples,
+                              k=config.rollouts_per_example, seed=config.seed, max_concurrent=config.max_concurrent,
+                              tag=tag)
+
+    async def _evaluate(self, version: int, metrics_log: MetricsLogger) -> None:
         print(f"evaluating policy v{version} ({len(self.eval_envs)} environment(s))", flush=True)
-        results = await evaluate(self.eval_envs, run_one, num_examples=config.num_examples,
-                                 k=config.rollouts_per_example, seed=config.seed,
-                                 max_concurrent=config.max_concurrent, tag=f"eval-v{version}")
+        results = await self.evaluate_once(tag=f"eval-v{version}")
         metrics_log.log(version, {"eval": results, "weights_version": version},
                         show=tuple(f"eval/{name}/pass@1" for name, _ in self.eval_envs))
 
