@@ -242,7 +242,8 @@ def test_prime_eval_on_a_running_server(tool_model, server, tmp_path):
     out = tmp_path / "eval"
     result = prime("eval", str(EXAMPLE / "rl.toml"), "--no-inference", "--orchestrator.client.base-url", server,
                    "--model.name", str(tool_model), "--output-dir", str(out),
-                   "--orchestrator.eval.num-examples", "8", "--orchestrator.eval.rollouts-per-example", "4", check=False)
+                   "--orchestrator.eval.num-examples", "8", "--orchestrator.eval.rollouts-per-example", "4",
+                   check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     results = json.loads((out / "eval" / "results.json").read_text())
     metrics = results["environments"]["calculator"]
