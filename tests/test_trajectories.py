@@ -59,6 +59,10 @@ def sampled(trajectory):
             if m]
 
 
+def played(policy):
+    return [(t, lp) for s in policy.samples for t, lp in zip(s.token_ids, s.logprobs, strict=True)]
+
+
 def test_a_tool_conversation_is_one_exact_sample(tokenizer):
     call = format_calls([ToolCall(name="calc", arguments={"expression": "12*3"})])
     ep, policy = episode(tokenizer, [call, "36"], tools=[CALC])
@@ -66,7 +70,7 @@ def test_a_tool_conversation_is_one_exact_sample(tokenizer):
     assert (outcome.reward, outcome.error, ep.turns, ep.trajectory.splits) == (1.0, None, 2, 0)
     assert [m["role"] for m in ep.messages] == ["user", "assistant", "tool", "assistant"]
     assert ep.messages[2]["content"] == "36"
-    assert sampled(ep.trajectory) == [(t, lp) for s in policy.samples for t, lp in zip(s.token_ids, s.logprobs)]
+    assert sampled(ep.trajectory) == played(policy)
     (sample,) = ep.trajectory.samples(advantage=0.5, reward=1.0, version=3)
     full = sample.prompt_ids + sample.completion_ids
     assert full == tokenizer.apply_chat_template(ep.messages, tokenize=True)["input_ids"][:len(full)]
@@ -96,7 +100,7 @@ def test_a_template_that_breaks_the_prefix_splits_the_sample(tokenizer):
     assert outcome.error is None and ep.trajectory.splits == 1
     samples = ep.trajectory.samples(advantage=1.0, reward=0.0, version=0)
     assert len(samples) == 2
-    assert sampled(ep.trajectory) == [(t, lp) for s in policy.samples for t, lp in zip(s.token_ids, s.logprobs)]
+    assert sampled(ep.trajectory) == played(policy)
     second = samples[1]
     assert "<think>" not in tokenizer.decode(second.prompt_ids), "the second sample starts from the fresh rendering"
     assert second.completion_ids == policy.samples[1].token_ids
