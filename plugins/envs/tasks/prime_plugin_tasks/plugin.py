@@ -32,8 +32,9 @@ def sft_data(
     seed: int = typer.Option(0, help="Sampling seed."),
     args: str = typer.Option("{}", help="Environment arguments as JSON."),
     demos: float = typer.Option(1.0, min=0.0, max=1.0,
-                                help="Share of tasks written as the environment's multi-turn demonstration "
-                                     "(tool calls included), where it has one; the rest as prompt -> answer."),
+                                help="For environments with a multi-turn demonstration (tool calls included): the "
+                                     "share of tasks whose first turn is the demonstration's rather than the direct "
+                                     "answer; the demonstration's later turns are written for every task."),
     tool_parser: str = typer.Option("hermes", help="Tool parser whose format the demonstrations' calls use."),
 ) -> None:
     """Write SFT chat data from any environment whose tasks have answers: prompt + reference
@@ -54,12 +55,16 @@ def sft_data(
     written = 0
     with out.open("w", encoding="utf-8") as f:
         for task in tasks:
-            if demonstrate is not None and rng.random() < demos:
+            direct = [[*task.prompt, {"role": "assistant", "content": task.answer}]]
+            if demonstrate is None:
+                examples = direct
+            else:
                 conversation = demonstrate(task, format_calls)
                 # One example per assistant turn: SFT trains the last assistant message of each.
-                examples = [conversation[:i + 1] for i, m in enumerate(conversation) if m["role"] == "assistant"]
-            else:
-                examples = [[*task.prompt, {"role": "assistant", "content": task.answer}]]
+                # The first turn is the demonstration's for a share `demos` of the tasks and the
+                # direct answer otherwise; later turns (reading a tool's result) always come.
+                turns = [conversation[:i + 1] for i, m in enumerate(conversation) if m["role"] == "assistant"]
+                examples = (turns[:1] if rng.random() < demos else direct) + turns[1:]
             for messages in examples:
                 f.write(json.dumps({"messages": messages}) + "\n")
                 written += 1
