@@ -65,7 +65,8 @@ def tool_model(tmp_path_factory) -> Path:
     prime("model", "tiny", str(root / "base"), "--hidden-size", "128", "--num-layers", "2")
     prime("envs", "sft-data", "calculator", str(root / "sft.jsonl"), "--n", "8000", "--demos", "0.3")
     prime("sft", str(ROOT / "examples" / "cpu" / "sft.toml"), "--output-dir", str(root / "sft"), "--model.name",
-          str(root / "base"), "--data.path", str(root / "sft.jsonl"), "--max-steps", "200", OMP_NUM_THREADS="1")
+          str(root / "base"), "--data.path", str(root / "sft.jsonl"), "--max-steps",
+          os.environ.get("PRIME_TOOL_SFT_STEPS", "200"), OMP_NUM_THREADS="1")
     return root / "sft" / "model"
 
 
