@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from prime_core import hookimpl
-from prime_core.specs import Algorithm, Monitor, Router, WeightTransport
+from prime_core.specs import Algorithm, Monitor, Router, ToolParser, WeightTransport
 
 PRIME_PLUGIN_API = 1
 
@@ -82,6 +82,13 @@ def prime_validate_config(config, root):
         except PluginError as exc:
             yield str(exc)
             return  # one message is enough: every key fails the same way
+
+
+@hookimpl
+def prime_tool_parsers():
+    return [ToolParser(name="hermes", parse="prime_core.orchestrator.hermes:parse",
+                       format="prime_core.orchestrator.hermes:format_calls",
+                       description="Hermes / Qwen3 <tool_call>{json}</tool_call>")]
 
 
 @hookimpl

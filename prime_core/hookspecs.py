@@ -35,6 +35,7 @@ from prime_core.specs import (
     Monitor,
     ParallelStrategy,
     Router,
+    ToolParser,
     WeightTransport,
 )
 
@@ -192,6 +193,23 @@ def prime_environments() -> Iterable[Environment]:
         @hookimpl
         def prime_environments():
             return [Environment(name="reverse_text", load=load_reverse_text)]
+    """
+
+
+@hookspec
+def prime_tool_parsers() -> Iterable[ToolParser]:
+    """Provide tool-call parsers, selected by ``orchestrator.rollout.tool_parser`` (``hermes``).
+
+    Called when the orchestrator (or ``prime eval``) starts; the parser reads the tool calls
+    of every model turn of environments with tools, in training and eval alike. The call
+    contract is the docstring of ``prime_core.specs.ToolParser``.
+
+    Example::
+
+        @hookimpl
+        def prime_tool_parsers():
+            return [ToolParser(name="hermes", parse="prime_core.orchestrator.hermes:parse",
+                               format="prime_core.orchestrator.hermes:format_calls")]
     """
 
 

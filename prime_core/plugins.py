@@ -56,6 +56,7 @@ REGISTRIES: dict[str, Registry] = {
     "routers": Registry("prime_routers", specs.Router, "router"),
     "launchers": Registry("prime_launchers", specs.Launcher, "launcher"),
     "environments": Registry("prime_environments", specs.Environment, "environment"),
+    "tool_parsers": Registry("prime_tool_parsers", specs.ToolParser, "tool parser"),
     "weight_transports": Registry("prime_weight_transports", specs.WeightTransport, "weight transport"),
     "algorithms": Registry("prime_algorithms", specs.Algorithm, "algorithm"),
     "monitors": Registry("prime_monitors", specs.Monitor, "monitor"),

@@ -392,6 +392,23 @@ class Environment(Spec):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ToolParser(Spec):
+    """Finds tool calls in the text of an assistant turn (``orchestrator.rollout.tool_parser``;
+    the same parser in training and in eval).
+
+    - ``parse(text: str) -> prime_core.orchestrator.tools.ParsedTurn``: the text outside the
+      calls and the calls in order. Called on the orchestrator's event loop once per model turn
+      of an environment that has tools: pure and quick, never raising; a call it cannot read
+      is a ``ToolCall`` with ``error`` set (answered with an error turn).
+    - ``format(calls: list[ToolCall]) -> str``: the text a model writes for ``calls`` (SFT data
+      and tests); ``parse(format(calls))`` gives the calls back.
+    """
+
+    parse: Ref = ref()
+    format: Ref = ref()
+
+
+@dataclass(frozen=True, kw_only=True)
 class WeightTransport(Spec):
     """Moves trainer weights to inference (``weight_broadcast.type``).
 

@@ -224,4 +224,73 @@ def test_the_suite_as_pytest_runs_it(pytester, score, failed):
     pytester.syspathinsert()
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     # A reward of len(completion) leaves [0, 1] and beats the reference answer.
-    result.assert_outcomes(passed=7 - failed, failed=failed)
+    result.assert_outcomes(passed=9 - failed, failed=failed)
+
+
+class Countdown(Echo):
+    """A correct multi-turn environment: the user counts down from the word's length, one
+    reply per model turn; the reward is the share of turns the model echoed the word."""
+
+    def respond(self, task, messages, state):
+        state["left"] = state.get("left", 3) - 1
+        return {"role": "user", "content": str(state["left"])} if state["left"] > 0 else None
+
+    def score_episode(self, task, episode):
+        replies = [m["content"] for m in episode.messages if m["role"] == "assistant"]
+        return sum(r.strip() == task.answer for r in replies) / len(replies)
+
+
+def test_a_correct_multi_turn_environment_passes():
+    env = Countdown()
+    tasks = env.tasks(random.Random(0), 3)
+    rewards = contract.check_episodes(env, tasks, max_turns=4)
+    assert rewards["answer"] == [1.0, 1.0, 1.0] and rewards["garbage"] == [0.0, 0.0, 0.0]
+    contract.check_concurrent_episodes(env, env.tasks(random.Random(0), 8))
+
+
+class RaisesOnGarbage(Countdown):
+    def respond(self, task, messages, state):
+        int(messages[-1]["content"].split()[0])  # the model wrote no number: ValueError
+        return super().respond(task, messages, state)
+
+
+class SharedCounter(Countdown):
+    """Keeps the episode's state on the environment: wrong as soon as two run at once."""
+
+    def respond(self, task, messages, state):
+        self.left = getattr(self, "left", 3) - 1
+        if self.left <= 0:
+            self.left = 3
+            return None
+        return {"role": "user", "content": str(self.left)}
+
+    def score_episode(self, task, episode):
+        return episode.turns / 4
+
+
+class BadTurn(Countdown):
+    def respond(self, task, messages, state):
+        return {"role": "user", "content": 3}
+
+
+class BadTool(Echo):
+    from prime_core.orchestrator.tools import Tool
+
+    tools = [Tool(name="t", fn=lambda: 1, parameters={"type": "string"})]
+
+
+@pytest.mark.parametrize(("env", "check", "message"), [
+    (RaisesOnGarbage(), contract.check_episodes, "policy 'garbage': the episode raised IndexError"),
+    (BadTurn(), contract.check_episodes, "an environment turn must be a dict with 'role' and 'content' strings"),
+    (BadTool(), contract.check_episodes, "parameters must be a JSON schema of type object"),
+])
+def test_episode_violations(env, check, message):
+    with pytest.raises(ContractError, match=message):
+        check(env, env.tasks(random.Random(0), 3))
+
+
+def test_state_on_the_environment_fails_the_concurrency_check():
+    env = SharedCounter()
+    with pytest.raises(ContractError, match="keep per-episode state in episode.state"):
+        for _ in range(5):  # interleaving is up to the event loop: fail at least once
+            contract.check_concurrent_episodes(env, env.tasks(random.Random(0), 8))

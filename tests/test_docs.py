@@ -61,13 +61,14 @@ def test_the_example_plugins_of_every_kind_meet_their_contracts(tmp_path, monkey
         model_impl,
         monitor,
         spec_from,
+        tool_parser,
         weight_transport,
     )
 
     examples = _doc_examples()
     assert set(examples) == {"prime_plugin_widget", "prime_plugin_echo", "prime_plugin_stepfile",
                              "prime_plugin_here", "prime_plugin_silu", "prime_plugin_tf", "prime_plugin_copies",
-                             "prime_plugin_zscore"}
+                             "prime_plugin_zscore", "prime_plugin_brackets"}
     monkeypatch.chdir(tmp_path)
 
     def load(name: str, registry: str, key: str):
@@ -106,5 +107,12 @@ def test_the_example_plugins_of_every_kind_meet_their_contracts(tmp_path, monkey
         weight_transport.check_versions(spec, model, tmp_path / "wt", tmp_path / "scratch", other_process=False)
 
         algorithm.check_advantage(load("prime_plugin_zscore", "algorithms", "advantage:zscore"))
+
+        spec = load("prime_plugin_brackets", "tool_parsers", "brackets")
+        tool_parser.check_round_trip(spec)
+        tool_parser.check_plain_text(spec)
+        tool_parser.check_garbage(spec)
+        tool_parser.check_malformed_calls_have_errors(spec, ('[TOOL_CALLS] [{"name": "calculator", "arguments": {',
+                                                             '[TOOL_CALLS] [{"arguments": {}}]'))
     finally:
         set_plugin_manager(None)

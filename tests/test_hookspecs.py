@@ -12,7 +12,7 @@ from prime_core.plugins import REGISTRIES
 CATALOGUE = [
     "prime_config_sections", "prime_model_impls", "prime_parallel_strategies", "prime_ep_backends",
     "prime_kernels", "prime_inference_backends", "prime_routers", "prime_launchers", "prime_environments",
-    "prime_weight_transports", "prime_algorithms", "prime_monitors", "prime_cli_commands",
+    "prime_tool_parsers", "prime_weight_transports", "prime_algorithms", "prime_monitors", "prime_cli_commands",
     "prime_configure", "prime_validate_config", "prime_on_step_end", "prime_on_weights_published",
     "prime_on_checkpoint", "prime_select_launcher",
 ]

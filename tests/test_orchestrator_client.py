@@ -146,16 +146,16 @@ def test_orchestrator_samples_only_through_the_client_and_router(canned, tmp_pat
     probe = samples[0]
     assert probe[1] == URLS[0] and probe[2].temperature == 0.0 and probe[2].max_tokens == 8
 
-    # Every group request: picked by the router, on the replica it picked, with an outcome.
+    # Every rollout's request: picked by the router, on the replica it picked, with an outcome.
     picks, dones = [e for e in log if e[0] == "pick"], [e for e in log if e[0] == "done"]
-    assert len(picks) == len(dones) == 4, "2 steps x 2 groups"
+    assert len(picks) == len(dones) == 8, "2 steps x 2 groups x 2 rollouts"
     assert {url for _, url, _ in picks} == set(URLS)
     assert all(ok and latency >= 0 for _, _, ok, latency in dones)
     for _, url, request in picks:
         assert ("sample", url, request) in samples
-        assert (request.n, request.temperature, request.top_p) == (2, 0.7, 0.9)
+        assert (request.n, request.temperature, request.top_p) == (1, 0.7, 0.9)
         assert request.max_tokens == 64 - len(request.prompt_ids)
-    assert len({request.session_id for _, _, request in picks}) == 4
+    assert len({request.session_id for _, _, request in picks}) == 8, "a session per rollout"
     assert sorted(e[1] for e in log if e[0] == "close") == sorted(URLS)
 
     # The batches hold the sampled tokens and logprobs exactly.

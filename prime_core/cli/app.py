@@ -50,7 +50,7 @@ def _version(value: bool) -> None:
 
 def build_app(manager: PluginManager | None = None) -> typer.Typer:
     """The ``prime`` app with the built-in commands and every plugin's ``prime_cli_commands``."""
-    from prime_core.cli import config_cmd, plugins_cmd, roles, run_cmd
+    from prime_core.cli import config_cmd, eval_cmd, plugins_cmd, roles, run_cmd
 
     manager = manager or get_plugin_manager()
     app = typer.Typer(
@@ -79,6 +79,7 @@ def build_app(manager: PluginManager | None = None) -> typer.Typer:
     config_cmd.register(app)
     plugins_cmd.register(app)
     roles.register(app)
+    eval_cmd.register(app)
     _add_plugin_commands(app, manager)
     return app
 

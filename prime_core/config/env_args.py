@@ -26,10 +26,12 @@ def env_args_problems(config: Any, root: str, manager) -> list[str]:
     except PrimeError:
         return []  # two plugins claim one name: reported with the orchestrator.env[i].id check
     problems: list[str] = []
-    for i, env in enumerate(getattr(section, "env", None) or []):
-        name = manager.resolve("environments", env.id)
-        if name in entries:
-            problems.extend(check_env_args(entries[name].spec, env.args, f"orchestrator.env[{i}].args"))
+    for key, envs in (("orchestrator.env", getattr(section, "env", None)),
+                      ("orchestrator.eval.env", getattr(getattr(section, "eval", None), "env", None))):
+        for i, env in enumerate(envs or []):
+            name = manager.resolve("environments", env.id)
+            if name in entries:
+                problems.extend(check_env_args(entries[name].spec, env.args, f"{key}[{i}].args"))
     return problems
 
 

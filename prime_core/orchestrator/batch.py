@@ -4,8 +4,9 @@ carry them from the orchestrator to the trainer.
 A micro-batch is one row of at most ``seq_len`` tokens holding several samples back to back;
 ``position_ids`` restart at 0 at each sample, which is how the trainer rebuilds the
 block-diagonal attention mask so samples never attend to each other. Per-token arrays are
-aligned with ``input_ids``: ``loss_mask[t]`` says whether token ``t`` is trained on (a
-completion token), ``inference_logprobs[t]`` is the sampler's log-probability of token ``t``
+aligned with ``input_ids``: ``loss_mask[t]`` says whether token ``t`` is trained on (a token
+the policy sampled: in a multi-turn sample the environment's and tools' turns between model
+turns have mask 0), ``inference_logprobs[t]`` is the sampler's log-probability of token ``t``
 and ``advantages[t]`` its advantage.
 
 Step files live at ``output_dir/rollouts/step_N/batch.json``, written atomically.
@@ -32,9 +33,16 @@ class TrainingSample:
     version: int
     """The policy version (trainer step) the completion was sampled with."""
     env: str = ""
+    completion_mask: list[int] | None = None
+    """Per completion token, 1 where the policy sampled it, 0 for environment and tool turns
+    of a multi-turn trajectory; ``None``: every completion token was sampled."""
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
+
+    @property
+    def mask(self) -> list[int]:
+        return [1] * len(self.completion_ids) if self.completion_mask is None else list(self.completion_mask)
 
 
 @dataclass
@@ -49,8 +57,9 @@ class MicroBatch:
         n_prompt, n_completion = len(sample.prompt_ids), len(sample.completion_ids)
         self.input_ids += sample.prompt_ids + sample.completion_ids
         self.position_ids += list(range(n_prompt + n_completion))
-        self.loss_mask += [0] * n_prompt + [1] * n_completion
-        self.advantages += [0.0] * n_prompt + [sample.advantage] * n_completion
+        mask = sample.mask
+        self.loss_mask += [0] * n_prompt + mask
+        self.advantages += [0.0] * n_prompt + [sample.advantage * m for m in mask]
         self.inference_logprobs += [0.0] * n_prompt + list(sample.completion_logprobs)
 
     def __len__(self) -> int:
@@ -66,7 +75,7 @@ def pack(samples: list[TrainingSample], seq_len: int) -> list[MicroBatch]:
             keep = max(0, seq_len - len(sample.prompt_ids))
             sample = TrainingSample(sample.prompt_ids[:seq_len], sample.completion_ids[:keep],
                                     sample.completion_logprobs[:keep], sample.advantage, sample.reward,
-                                    sample.version, sample.env)
+                                    sample.version, sample.env, sample.mask[:keep])
         for row in rows:
             if len(row) + len(sample) <= seq_len:
                 row.add(sample)

@@ -57,6 +57,41 @@ class EnvConfig(Section):
     """Keyword arguments for the environment's loader."""
 
 
+class RolloutConfig(Section):
+    """Limits and tools of every episode (training and eval)."""
+
+    max_turns: int = Field(default=8, ge=1)
+    """Model turns per episode (a single-turn environment stops after one anyway)."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Token budget of one rollout: the policy's context (prompt, every turn so far and the
+    next one) never grows past it; unset = ``seq_len``."""
+    tool_timeout: float = Field(default=30.0, gt=0)
+    """Seconds one tool call may take; a slower one is answered with an error turn."""
+    tool_parser: Annotated[str, Selects("tool_parsers")] = "hermes"
+    """How tool calls are read from the model's text (a ``prime_tool_parsers`` plugin)."""
+    max_failed_groups: int = Field(default=50, ge=1)
+    """Groups in a row whose rollouts raised before the orchestrator gives up (a broken
+    environment fails every rollout; a flaky one only some, which are dropped and counted)."""
+
+
+class EvalConfig(Section):
+    """Evaluation on a fixed set of examples, at step 0 and every ``interval`` steps."""
+
+    interval: int = Field(default=100, ge=1)
+    """Evaluate the policy of every step that is a multiple of this (and the first)."""
+    env: list[EnvConfig] = Field(default_factory=list)
+    """The environments to evaluate; empty: those of ``orchestrator.env``."""
+    num_examples: int = Field(default=32, ge=1)
+    """Examples per environment: the first ``num_examples`` tasks drawn with ``seed``."""
+    rollouts_per_example: int = Field(default=4, ge=1, validation_alias=AliasChoices("rollouts_per_example", "k"))
+    """Rollouts per example (k of pass@k and avg@k)."""
+    seed: int = 1234
+    temperature: float | None = Field(default=None, ge=0)
+    """Sampling temperature of eval rollouts; unset: ``sampling.temperature``."""
+    max_concurrent: int = Field(default=32, ge=1)
+    """Eval rollouts in flight at once, so that training's requests keep getting served."""
+
+
 class AdvantageConfig(Section):
     type: Annotated[str, Selects("algorithms", prefix="advantage:")] = "grpo"
 
@@ -69,6 +104,9 @@ class OrchestratorConfig(Section):
     client: ClientConfig = Field(default_factory=ClientConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     env: list[EnvConfig] = Field(default_factory=list)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    eval: EvalConfig | None = None
+    """``[orchestrator.eval]``: evaluate at step 0 and every ``interval`` steps."""
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     batch_size: int = Field(default=128, ge=1)
     """Samples per training step."""

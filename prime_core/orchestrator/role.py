@@ -6,6 +6,13 @@ log-probabilities out; the router picks the replica), scores each group with its
 environment's rubric, turns rewards into advantages with the selected estimator, and every
 ``batch_size`` samples packs a step batch for the trainer.
 
+Rollouts are episodes (``episode``): an environment may talk with the policy for several
+turns and call tools; each rollout's tokens become one training sample, or several where the
+chat template breaks the token prefix (``trajectory``). A rollout whose environment raises
+fails alone: its group is dropped (``env_errors``, ``failed_groups``) and another is sampled.
+With ``[orchestrator.eval]`` the policy is evaluated at step 0 and every ``interval`` steps,
+beside training, on the same servers (``eval``).
+
 Asynchrony: every group remembers the policy version it was sampled with. The batch of step
 N is handed over only once policy ``N-1-async_level`` is loaded for inference, and groups
 whose lag ``(N-1) - version`` exceeds ``max_off_policy_steps`` are dropped and counted. New
@@ -18,17 +25,18 @@ import asyncio
 import random
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prime_core.errors import ConfigError, PrimeError
 from prime_core.inference.client import SampleRequest
 from prime_core.metrics import METRICS_FILE, MetricsLogger, drop_steps_from
 from prime_core.orchestrator.batch import TrainingSample, pack, remove_batches_from, write_batch
+from prime_core.orchestrator.episode import Episode, Limits, Outcome, env_tools, run_episode
 from prime_core.plugins import get_plugin_manager
 from prime_core.trainer import ckpt
 from prime_core.weights import remove_after
 
-SHOW = ("reward", "off_policy_max", "dropped", "weights_version", "sample_tokens_per_s")
+SHOW = ("reward", "off_policy_max", "dropped", "env_errors", "weights_version", "sample_tokens_per_s")
 FIT_ATTEMPTS = 100
 
 
@@ -38,6 +46,23 @@ class Group:
     version: int
     samples: list[TrainingSample]
     rewards: list[float]
+    outcomes: list[Outcome]
+
+    @property
+    def failed(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.error is not None]
+
+
+def load_envs(configs, manager, key: str) -> list[tuple[str, object]]:
+    """``(name, environment)`` for each ``[[orchestrator.env]]``-shaped entry of ``configs``."""
+    envs = []
+    for i, env in enumerate(configs):
+        spec = manager.select("environments", env.id, key=f"{key}[{i}].id")
+        try:
+            envs.append((env.name or env.id, spec.load(**env.args)))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError([f"{key}[{i}].args: {exc}"]) from None
+    return envs
 
 
 def prompt_token_ids(tokenizer, messages) -> list[int]:
@@ -56,13 +81,15 @@ class Orchestrator:
         if not config.env:
             raise ConfigError(["orchestrator.env: no environment configured; add one, e.g. "
                                "[[orchestrator.env]] id = \"NAME\" with a NAME `prime plugins list` shows"])
-        self.envs = []
-        for i, env in enumerate(config.env):
-            spec = manager.select("environments", env.id, key=f"orchestrator.env[{i}].id")
-            try:
-                self.envs.append((env.name or env.id, spec.load(**env.args)))
-            except (TypeError, ValueError) as exc:
-                raise ConfigError([f"orchestrator.env[{i}].args: {exc}"]) from None
+        self.envs = load_envs(config.env, manager, "orchestrator.env")
+        self.eval_envs = []
+        if config.eval is not None:  # their own environments, or training's (the same objects)
+            self.eval_envs = (load_envs(config.eval.env, manager, "orchestrator.eval.env") if config.eval.env
+                              else self.envs)
+        parser = manager.select("tool_parsers", config.rollout.tool_parser, key="orchestrator.rollout.tool_parser")
+        self.parse = parser.parse
+        self.limits = Limits(max_turns=config.rollout.max_turns, max_tokens=config.rollout.max_tokens or config.seq_len,
+                             turn_max_tokens=config.sampling.max_tokens, tool_timeout=config.rollout.tool_timeout)
         from prime_core.hub import loading
 
         name = config.model.tokenizer or config.model.name
@@ -87,8 +114,11 @@ class Orchestrator:
         self.dropped_total = 0
         self._next_env = 0
         self._groups = 0
+        self.failed_in_a_row = 0
+        self.evals: set[asyncio.Task] = set()
+        self.evaluated: set[int] = set()
         self.fit = {"prompts_too_long": 0, "completions_capped": 0}
-        """Samples that could not fit seq_len as asked (totals, in the metrics)."""
+        """Rollouts that could not fit seq_len as asked (totals, in the metrics)."""
         for name, env in self.envs:  # before waiting for anything: a config that cannot train stops here
             self._task_that_fits(name, env, random.Random(config.seed))
 
@@ -147,26 +177,38 @@ class Orchestrator:
             raise PrimeError(f"inference server at {url} returned {len(samples)} samples for n = {request.n}")
         return samples
 
+    def episode(self, env, task, session_id: str, *, temperature: float | None = None,
+                seed: int | None = None) -> Episode:
+        sampling = self.config.sampling
+        return Episode(task=task, sampler=self._sample, tokenizer=self.tokenizer, parse=self.parse,
+                       limits=self.limits, tools=env_tools(env, task), session_id=session_id,
+                       temperature=sampling.temperature if temperature is None else temperature,
+                       top_p=sampling.top_p, seed=seed)
+
     async def sample_group(self, rng: random.Random) -> Group:
         name, env = self.envs[self._next_env % len(self.envs)]
         self._next_env += 1
         self._groups += 1
+        group = self._groups
         task, prompt_ids = self._task_that_fits(name, env, rng)
         version = self.version
-        sampling = self.config.sampling
-        room = self.config.seq_len - len(prompt_ids)
-        if sampling.max_tokens is not None and sampling.max_tokens > room:
+        seed = self.config.sampling.seed
+        turn_max = self.config.sampling.max_tokens
+        if turn_max is not None and turn_max > self.config.seq_len - len(prompt_ids):
             self.fit["completions_capped"] += 1  # sampled up to seq_len, never cut afterwards
-        request = SampleRequest(
-            prompt_ids=prompt_ids, n=self.config.rollouts_per_example, temperature=sampling.temperature,
-            top_p=sampling.top_p, seed=sampling.seed, session_id=f"group-{self._groups}",
-            max_tokens=min(sampling.max_tokens or room, room))
-        samples = await self._sample(request)
-        rewards = [float(await asyncio.to_thread(env.score, task, s.text)) for s in samples]
+        # Every rollout is its own session: the router may keep its turns on one replica.
+        episodes = [self.episode(env, task, f"group-{group}-{i}",
+                                 seed=None if seed is None else (seed * 1_000_003 + group * 7919 + i * 104_729) % 2**31)
+                    for i in range(self.config.rollouts_per_example)]
+        outcomes = await asyncio.gather(*(run_episode(env, task, episode) for episode in episodes))
+        if any(o.error is not None for o in outcomes):
+            return Group(name, version, [], [], list(outcomes))
+        rewards = [o.reward for o in outcomes]
         advantages = self.advantages(rewards)
-        samples = [TrainingSample(prompt_ids, list(s.token_ids), list(s.logprobs), float(adv), reward, version, name)
-                   for s, adv, reward in zip(samples, advantages, rewards, strict=True)]
-        return Group(name, version, samples, rewards)
+        samples = [s for o, adv in zip(outcomes, advantages, strict=True)
+                   for s in o.episode.trajectory.samples(advantage=float(adv), reward=o.reward, version=version,
+                                                         env=name)]
+        return Group(name, version, samples, rewards, list(outcomes))
 
     def _task_that_fits(self, name: str, env, rng: random.Random):
         """A task whose prompt leaves room for a completion in ``seq_len`` (its tokens trained
@@ -187,6 +229,40 @@ class Orchestrator:
                          f"leaving nothing to train on within seq_len = {seq_len}",
                          hint="raise seq_len (and inference.model.max_model_len with it)")
 
+    # ------------------------------------------------------------------ eval
+
+    def maybe_evaluate(self, metrics_log: MetricsLogger | None) -> None:
+        """Start an evaluation of the loaded policy when its version is due (0, then every
+        ``interval``); it runs beside training and logs when it is done."""
+        config = self.config.eval
+        if config is None or metrics_log is None or self.version in self.evaluated:
+            return
+        if self.version % config.interval:
+            return
+        self.evaluated.add(self.version)
+        task = asyncio.create_task(self._evaluate(self.version, metrics_log))
+        self.evals.add(task)
+        task.add_done_callback(self.evals.discard)
+
+    async def evaluate_once(self, tag: str = "eval") -> dict:
+        """Every eval environment's fixed examples, k rollouts each (``eval.evaluate``)."""
+        from prime_core.orchestrator.eval import evaluate
+
+        config = self.config.eval
+
+        async def run_one(name, env, task, session):
+            return await run_episode(env, task, self.episode(env, task, session, temperature=config.temperature))
+
+        return await evaluate(self.eval_envs, run_one, num_examples=config.num_examples,
+                              k=config.rollouts_per_example, seed=config.seed, max_concurrent=config.max_concurrent,
+                              tag=tag)
+
+    async def _evaluate(self, version: int, metrics_log: MetricsLogger) -> None:
+        print(f"evaluating policy v{version} ({len(self.eval_envs)} environment(s))", flush=True)
+        results = await self.evaluate_once(tag=f"eval-v{version}")
+        metrics_log.log(version, {"eval": results, "weights_version": version},
+                        show=tuple(f"eval/{name}/pass@1" for name, _ in self.eval_envs))
+
     # ------------------------------------------------------------------ the loop
 
     async def run(self, start: int) -> None:
@@ -195,58 +271,95 @@ class Orchestrator:
         max_inflight = groups_per_step * (config.async_level + 1)
         rng = random.Random(config.seed * 1_000_003 + start)
         metrics = MetricsLogger(config, role="orchestrator", output_dir=config.output_dir)
+        eval_log = MetricsLogger(config, role="eval", output_dir=config.output_dir) if config.eval else None
         ready: deque[Group] = deque()
         inflight: set[asyncio.Task] = set()
-        step, dropped, last = start, 0, time.perf_counter()
-        sampled_tokens, waiting = 0, None
+        step, last, waiting = start, time.perf_counter(), None
+        self.window = _Window()
         try:
             await self.load_newest_weights(minimum=start - 1)
             if self.probe is None:
                 self.probe = await self.probe_logprob()
+            self.maybe_evaluate(eval_log)
             while config.max_steps is None or step <= config.max_steps:
                 self._submit(inflight, ready, rng, step, start, groups_per_step, max_inflight)
                 if len(ready) >= groups_per_step:
                     batch = [ready.popleft() for _ in range(groups_per_step)]
                     fresh = [g for g in batch if (step - 1) - g.version <= config.max_off_policy_steps]
                     if len(fresh) < len(batch):
-                        dropped += len(batch) - len(fresh)
+                        self.window.dropped += len(batch) - len(fresh)
                         ready.extendleft(reversed(fresh))
                         continue
-                    samples = [s for g in batch for s in g.samples]
-                    sampled_tokens += sum(len(s.completion_ids) for s in samples)
-                    lags = [(step - 1) - g.version for g in batch]
-                    rewards = [r for g in batch for r in g.rewards]
-                    info = {"reward": sum(rewards) / len(rewards), "off_policy_max": max(lags),
-                            "versions": sorted({g.version for g in batch})}
-                    write_batch(config.output_dir, step, pack(samples, config.seq_len),
-                                temperature=config.sampling.temperature, info=info)
                     now = time.perf_counter()
-                    self.dropped_total += dropped
-                    metrics.log(step, {
-                        "reward": info["reward"],
-                        "reward_std": (sum((r - info["reward"]) ** 2 for r in rewards) / len(rewards)) ** 0.5,
-                        "completion_len": sum(len(s.completion_ids) for s in samples) / len(samples),
-                        "off_policy_mean": sum(lags) / len(lags), "off_policy_max": info["off_policy_max"],
-                        "dropped": dropped, "dropped_total": self.dropped_total, "inflight": len(inflight),
-                        "weights_version": self.version, "probe_logprob": self.probe,
-                        "samples": len(samples), "step_time": now - last,
-                        "sample_tokens_per_s": sampled_tokens / (now - last) if now > last else 0.0,
-                        "env_rewards": {name: _mean([r for g in batch if g.env == name for r in g.rewards])
-                                        for name in {g.env for g in batch}},
-                        **self.fit,
-                    }, show=SHOW)
-                    step, dropped, last, sampled_tokens = step + 1, 0, now, 0
+                    self._write_step(metrics, step, batch, now - last, inflight=len(inflight))
+                    step, last = step + 1, now
                     continue
                 await self._collect(inflight, ready, timeout=0.2)
                 await self.load_newest_weights()
+                self.maybe_evaluate(eval_log)
                 waiting = self._check_weights_wait(waiting, inflight, max(start - 1, step - 1 - config.async_level))
+            await self._final_eval(eval_log)
         finally:
-            for task in inflight:
+            for task in inflight | self.evals:
                 task.cancel()
-            await asyncio.gather(*inflight, return_exceptions=True)  # their routers hear of it
+            await asyncio.gather(*inflight, *self.evals, return_exceptions=True)  # their routers hear of it
             for client in self.clients.values():
                 await client.close()
             metrics.close()
+            if eval_log is not None:
+                eval_log.close()
+
+    async def _final_eval(self, eval_log) -> None:
+        """Wait for evaluations in flight, and evaluate the last policy when its step is due."""
+        config = self.config
+        if eval_log is None:
+            return
+        last = config.max_steps
+        if last is not None and last % config.eval.interval == 0:
+            deadline = time.monotonic() + config.client.timeout
+            while self.version < last and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+                await self.load_newest_weights()
+            self.maybe_evaluate(eval_log)
+        while self.evals:
+            await asyncio.gather(*self.evals)
+
+    def _write_step(self, metrics: MetricsLogger, step: int, batch: list[Group], elapsed: float, *,
+                    inflight: int) -> None:
+        config, window = self.config, self.window
+        samples = [s for g in batch for s in g.samples]
+        outcomes = [o for g in batch for o in g.outcomes]
+        lags = [(step - 1) - g.version for g in batch]
+        rewards = [r for g in batch for r in g.rewards]
+        mean = sum(rewards) / len(rewards)
+        info = {"reward": mean, "off_policy_max": max(lags), "versions": sorted({g.version for g in batch})}
+        write_batch(config.output_dir, step, pack(samples, config.seq_len),
+                    temperature=config.sampling.temperature, info=info)
+        self.dropped_total += window.dropped
+        sampled = sum(o.episode.trajectory.sampled_tokens for o in outcomes)
+        cpu = time.process_time()
+        metrics.log(step, {
+            "reward": mean, "reward_std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5,
+            "completion_len": sum(len(s.completion_ids) for s in samples) / len(samples),
+            "off_policy_mean": sum(lags) / len(lags), "off_policy_max": info["off_policy_max"],
+            "dropped": window.dropped, "dropped_total": self.dropped_total, "inflight": inflight,
+            "weights_version": self.version, "probe_logprob": self.probe,
+            "samples": len(samples), "step_time": elapsed,
+            "sample_tokens_per_s": sampled / elapsed if elapsed > 0 else 0.0,
+            "turns": sum(o.episode.turns for o in outcomes) / len(outcomes),
+            "trajectory_splits": sum(o.episode.trajectory.splits for o in outcomes),
+            "tool_calls": sum(o.episode.tool_calls for o in outcomes),
+            "tool_errors": sum(o.episode.tool_errors for o in outcomes),
+            "truncated": sum(o.episode.stop_reason == "max_tokens" for o in outcomes) / len(outcomes),
+            "env_errors": window.env_errors, "failed_groups": window.failed_groups,
+            # CPU seconds of this process (its event loop, tokenizing, scoring threads) since the
+            # last step: the orchestrator's own cost, time spent waiting on inference excluded.
+            "orchestrator_cpu_s": cpu - window.cpu,
+            "env_rewards": {name: _mean([r for g in batch if g.env == name for r in g.rewards])
+                            for name in {g.env for g in batch}},
+            **self.fit,
+        }, show=SHOW)
+        self.window = _Window(cpu=cpu)
 
     def _submit(self, inflight: set, ready: deque, rng: random.Random, step: int, start: int,
                 groups_per_step: int, max_inflight: int) -> None:
@@ -277,19 +390,41 @@ class Orchestrator:
                                   "orchestrator.weights_timeout if its steps take that long")
         return since
 
-    @staticmethod
-    async def _collect(inflight: set, ready: deque, timeout: float) -> None:
+    async def _collect(self, inflight: set, ready: deque, timeout: float) -> None:
         if not inflight:
             await asyncio.sleep(timeout)  # nothing to wait on but the trainer's next weights
             return
         done, _ = await asyncio.wait(inflight, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         inflight.difference_update(done)
         errors = [task.exception() for task in done if not task.cancelled() and task.exception()]
-        if errors:  # a failed request stops the orchestrator with its message
+        if errors:  # a failed request (not an environment's error) stops the orchestrator with its message
             for task in inflight:
                 task.cancel()
             raise errors[0]
-        ready.extend(task.result() for task in done)
+        for group in (task.result() for task in done):
+            if not group.failed:
+                self.failed_in_a_row = 0
+                ready.append(group)
+                continue
+            self.window.failed_groups += 1
+            self.window.env_errors += len(group.failed)
+            self.failed_in_a_row += 1
+            print(f"environment '{group.env}': {len(group.failed)} of {len(group.outcomes)} rollouts failed, group "
+                  f"dropped: {group.failed[0].error}", flush=True)
+            if self.failed_in_a_row >= self.config.rollout.max_failed_groups:
+                raise PrimeError(f"environment '{group.env}' failed {self.failed_in_a_row} groups in a row; the last "
+                                 f"error: {group.failed[0].error}",
+                                 hint="fix the environment, or raise orchestrator.rollout.max_failed_groups")
+
+
+@dataclass
+class _Window:
+    """What happened since the last step was written."""
+
+    cpu: float = field(default_factory=time.process_time)
+    dropped: int = 0
+    env_errors: int = 0
+    failed_groups: int = 0
 
 
 def _mean(values: list[float]) -> float:
@@ -303,6 +438,7 @@ def run(config) -> int:
         remove_after(config.output_dir, start - 1)
         remove_batches_from(config.output_dir, start)
         drop_steps_from(config.output_dir / METRICS_FILE, "orchestrator", start)
+        drop_steps_from(config.output_dir / METRICS_FILE, "eval", start)
         print(f"resuming at step {start}", flush=True)
     orchestrator = Orchestrator(config)
     orchestrator.wait_healthy()

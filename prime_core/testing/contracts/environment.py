@@ -21,6 +21,17 @@ least as well as any other completion tried; that the declared ``args`` model ac
 ``args`` and describes what ``load()`` does by default; and that an unknown argument is
 refused with a ``TypeError`` or ``ValueError`` (which the orchestrator reports under
 ``orchestrator.env[i].args``).
+
+Episodes (multi-turn, tools): every environment, single-turn ones included, is run through
+the orchestrator's episode loop (``prime_core.orchestrator.episode``) against a scripted
+policy (``prime_core.testing.chat``) answering with the reference answer, with garbage, and,
+for environments with tools, with a well-formed call of each tool, an unknown tool, and calls
+that do not parse. The suite checks that no script makes the environment raise; that rewards
+are finite and in ``reward_range``; that episodes end within ``max_turns``; that the
+trajectory's trained tokens are exactly the sampled ones, with their log-probabilities, and
+everything else has loss mask 0; that tools are ``Tool`` objects with OpenAI-style schemas;
+that environment turns are chat messages; and that concurrent episodes give the same rewards
+as one at a time (state kept per episode, in ``episode.state``, never on the environment).
 """
 
 from __future__ import annotations
@@ -45,10 +56,123 @@ reward, it does not fail the rollout."""
 
 def load_env(spec, args: dict[str, Any]):
     env = spec.load(**args)
-    for method in ("tasks", "score"):
-        expect(callable(getattr(env, method, None)),
-               f"environment '{spec.name}': load() returned {type(env).__name__}, which has no {method}() method")
+    expect(callable(getattr(env, "tasks", None)),
+           f"environment '{spec.name}': load() returned {type(env).__name__}, which has no tasks() method")
+    expect(any(callable(getattr(env, m, None)) for m in ("score", "score_episode", "rollout")),
+           f"environment '{spec.name}': load() returned {type(env).__name__}, which has no score() method (nor "
+           "score_episode() or rollout() for a multi-turn environment)")
     return env
+
+
+def check_tools(env, tasks) -> list:
+    """The tools an environment offers are ``Tool`` objects with OpenAI-style schemas."""
+    from prime_core.orchestrator.episode import env_tools
+    from prime_core.orchestrator.tools import Tool
+
+    tools = env_tools(env, tasks[0])
+    for tool in tools:
+        expect(isinstance(tool, Tool), f"a tool is a {type(tool).__name__}, not prime_core.orchestrator.tools.Tool")
+        schema = tool.schema()["function"]
+        expect(isinstance(tool.name, str) and tool.name and callable(tool.fn), f"tool {tool!r:.100}: name and fn")
+        expect(isinstance(schema["parameters"], dict) and schema["parameters"].get("type") == "object",
+               f"tool '{tool.name}': parameters must be a JSON schema of type object, got "
+               f"{schema['parameters']!r:.200}")
+    expect(len({t.name for t in tools}) == len(tools), f"two tools share a name: {[t.name for t in tools]}")
+    return tools
+
+
+def scripts(env, task, tools) -> dict[str, Any]:
+    """Named policies to run the episode with: each a list of turn texts (cycled)."""
+    from prime_core.orchestrator.hermes import format_calls
+    from prime_core.orchestrator.tools import ToolCall
+
+    out: dict[str, Any] = {"garbage": list(COMPLETIONS[:6])}
+    if task.answer is not None:
+        out["answer"] = [task.answer]
+    for tool in tools:
+        arguments = {name: "1" for name in tool.parameters.get("required", [])}
+        out[f"tool {tool.name}"] = [format_calls([ToolCall(name=tool.name, arguments=arguments)]),
+                                    task.answer or "done"]
+    if tools:
+        out["unknown tool"] = [format_calls([ToolCall(name="no_such_tool_xyz", arguments={})])]
+        out["malformed call"] = ["<tool_call>\n{\"name\": \"x\", \"arguments\": {oops\n</tool_call>", "<tool_call>"]
+    return out
+
+
+def run_episodes(env, tasks, script_for, *, max_turns: int, concurrency: int, tool_timeout: float = 5.0):
+    """One episode per task with ``script_for(task)`` as the policy; returns their outcomes
+    (and policies), run ``concurrency`` at a time on one event loop, as the orchestrator does."""
+    from prime_core.orchestrator.episode import Episode, Limits, env_tools, run_episode
+    from prime_core.orchestrator.hermes import parse
+    from prime_core.testing.chat import ScriptedPolicy, chat_tokenizer
+
+    tokenizer = chat_tokenizer()
+
+    async def main():
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(i, task):
+            async with gate:
+                policy = ScriptedPolicy(tokenizer, script_for(task))
+                episode = Episode(task=task, sampler=policy, tokenizer=tokenizer, parse=parse,
+                                  limits=Limits(max_turns=max_turns, max_tokens=8192, turn_max_tokens=1024,
+                                                tool_timeout=tool_timeout),
+                                  tools=env_tools(env, task), session_id=f"contract-{i}")
+                return await run_episode(env, task, episode), policy
+
+        return await asyncio.gather(*(one(i, task) for i, task in enumerate(tasks)))
+
+    return asyncio.run(main())
+
+
+def check_trajectory(outcome, policy) -> None:
+    """Trained tokens are exactly the sampled ones, in order, with their log-probabilities."""
+    trajectory = outcome.episode.trajectory
+    sampled = [(t, lp) for s in policy.samples for t, lp in zip(s.token_ids, s.logprobs, strict=True)]
+    recorded = [(t, lp) for seg in trajectory.segments for t, m, lp in zip(seg.ids, seg.mask, seg.logprobs, strict=True)
+                if m]
+    expect(recorded == sampled, "the trajectory's trained tokens are not exactly the sampled tokens")
+    for segment in trajectory.segments:
+        expect(all(lp == 0.0 for m, lp in zip(segment.mask, segment.logprobs, strict=True) if not m),
+               "tokens the policy did not sample carry log-probabilities")
+
+
+def check_episodes(env, tasks, *, max_turns: int = 4, reward_range=(0.0, 1.0)) -> dict[str, list[float]]:
+    """Every script on every task: no exception, finite rewards in range, at most ``max_turns``
+    model turns, exact trajectories, chat-message environment turns. Returns rewards per script."""
+    tools = check_tools(env, tasks)
+    names = list(scripts(env, tasks[0], tools))
+    rewards: dict[str, list[float]] = {}
+    for name in names:
+        results = run_episodes(env, tasks, lambda task, name=name: scripts(env, task, tools)[name],
+                               max_turns=max_turns, concurrency=1)
+        rewards[name] = []
+        for outcome, policy in results:
+            expect(outcome.error is None, f"policy '{name}': the episode raised {outcome.error}; the policy's "
+                                          "mistakes must earn a low reward (or an error turn), not an exception")
+            reward = outcome.reward
+            if reward_range is not None:
+                expect(reward_range[0] <= reward <= reward_range[1],
+                       f"policy '{name}': reward {reward} is outside the reward range {reward_range}")
+            expect(outcome.episode.turns <= max_turns, f"policy '{name}': {outcome.episode.turns} model turns with "
+                                                       f"max_turns = {max_turns}")
+            check_trajectory(outcome, policy)
+            rewards[name].append(reward)
+    return rewards
+
+
+def check_concurrent_episodes(env, tasks, *, max_turns: int = 4) -> None:
+    """Episodes at once give the rewards they give one at a time."""
+    tools = check_tools(env, tasks)
+
+    def script_for(task):
+        options = scripts(env, task, tools)
+        return options[sorted(options)[hash(str(task.prompt)) % len(options)]]
+
+    serial = [o.reward for o, _ in run_episodes(env, tasks, script_for, max_turns=max_turns, concurrency=1)]
+    together = [o.reward for o, _ in run_episodes(env, tasks, script_for, max_turns=max_turns, concurrency=8)]
+    expect(serial == together, f"episodes run at once got rewards {together}, one at a time {serial}: keep "
+                               "per-episode state in episode.state, not on the environment")
 
 
 def draw(env, seed: int, n: int) -> list:
@@ -193,6 +317,8 @@ class EnvironmentContract(Contract):
     completions: ClassVar[tuple[str, ...]] = COMPLETIONS
     answer_scores_best: ClassVar[bool] = True
     seed: ClassVar[int] = 0
+    max_turns: ClassVar[int] = 4
+    """Model turns per episode in the episode checks."""
 
     @pytest.fixture
     def env(self, spec):
@@ -205,12 +331,25 @@ class EnvironmentContract(Contract):
         check_prompts(draw(env, self.seed, 8))
 
     def test_score_from_worker_threads(self, env):
+        if not callable(getattr(env, "score", None)):
+            pytest.skip("no score(task, completion): a multi-turn environment scored by score_episode or rollout")
         check_scores(env, draw(env, self.seed, 4), self.completions, self.reward_range)
 
     def test_reference_answer_scores_best(self, env):
+        if not callable(getattr(env, "score", None)):
+            pytest.skip("no score(task, completion)")
         if not self.answer_scores_best:
             pytest.skip("answer_scores_best = False: this environment's answers are not the best completions")
         check_answer_scores_best(env, draw(env, self.seed, 4), self.completions)
+
+    def test_episodes_with_scripted_policies(self, env):
+        if not callable(getattr(env, "score", None)) and not callable(getattr(env, "score_episode", None)) \
+                and not callable(getattr(env, "rollout", None)):
+            pytest.skip("no rubric")
+        check_episodes(env, draw(env, self.seed, 3), max_turns=self.max_turns, reward_range=self.reward_range)
+
+    def test_concurrent_episodes_are_independent(self, env):
+        check_concurrent_episodes(env, draw(env, self.seed, 8), max_turns=self.max_turns)
 
     def test_declared_args(self, spec):
         check_args(spec, self.args)

@@ -31,3 +31,25 @@ class ArithmeticArgs(Section):
     """Digits per operand."""
     operands: int = Field(default=2, ge=2)
     """Numbers to add."""
+
+
+class CalculatorArgs(Section):
+    digits: int = Field(default=3, ge=1, le=9)
+    """Digits per operand."""
+    operations: str = Field(default="+", pattern=r"^[+\-*]+$")
+    """Operators to draw from, e.g. ``"+-*"``."""
+
+
+class GuessArgs(Section):
+    low: int = 1
+    """Smallest secret number."""
+    high: int = 16
+    """Largest secret number."""
+    max_turns: int = Field(default=6, ge=1)
+    """Guesses allowed (the reward falls by 1/max_turns per extra guess)."""
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.low >= self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+        return self

@@ -1,0 +1,26 @@
+"""``prime eval CONFIG``: evaluate a model folder, or a running server, on the eval environments."""
+
+from __future__ import annotations
+
+import typer
+
+from prime_core.cli.common import CONFIG_ARGS
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("eval", context_settings=CONFIG_ARGS)
+    def eval_command(ctx: typer.Context) -> None:
+        """Evaluate model.name (served by the \\[inference] table while it runs) or, with --no-inference, the
+        servers at orchestrator.client.base_url, on \\[orchestrator.eval] (avg@k, pass@k); writes
+        output_dir/eval/results.json. CONFIG... are files and --key value overrides (as prime run)."""
+        from prime_core.cli.common import load_config
+        from prime_core.hub import default_offline
+        from prime_core.orchestrator.eval import run_standalone
+        from prime_core.plugins import get_plugin_manager
+
+        default_offline()
+        config = load_config("rl", ctx.args)
+        get_plugin_manager().hook.prime_configure(config=config, role="eval")
+        code = run_standalone(config)
+        if code:
+            raise typer.Exit(code)

@@ -1,0 +1,138 @@
+"""Evaluation: k rollouts on each of a fixed set of examples, summarised per environment.
+
+``avg@k`` is the mean reward over all rollouts; ``pass@j`` (for j = 1, 2, 4, ... up to k, and
+k itself) is the unbiased estimator of Chen et al. (2021): with ``n`` rollouts of an example of
+which ``c`` are correct, ``1 - C(n - c, j) / C(n, j)``, averaged over examples. A rollout is
+correct when its reward reaches ``threshold`` (1.0: the environments' full reward).
+
+The orchestrator runs an evaluation at step 0 and every ``orchestrator.eval.interval`` steps,
+as tasks on its event loop beside training's rollouts (sharing the inference servers, at most
+``max_concurrent`` eval rollouts at once); ``prime eval`` runs one on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+CORRECT = 1.0 - 1e-6
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of ``k`` rollouts drawn from ``n`` (``c`` correct) is correct."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n (n={n}, c={c}, k={k})")
+    if n - c < k:
+        return 1.0
+    miss = 1.0
+    for i in range(k):
+        miss *= (n - c - i) / (n - i)
+    return 1.0 - miss
+
+
+def ks(n: int) -> list[int]:
+    out, k = [], 1
+    while k <= n:
+        out.append(k)
+        k *= 2
+    return out if out[-1] == n else [*out, n]
+
+
+def summarize(rewards: list[list[float]], *, threshold: float = CORRECT) -> dict[str, float]:
+    """``avg@k`` and ``pass@j`` of per-example reward lists (each of the same length k)."""
+    n = len(rewards[0])
+    out = {f"avg@{n}": sum(map(sum, rewards)) / (n * len(rewards))}
+    for k in ks(n):
+        out[f"pass@{k}"] = sum(pass_at_k(n, sum(r >= threshold for r in rs), k) for rs in rewards) / len(rewards)
+    return out
+
+
+RunOne = Callable[[str, Any, Any, str], Awaitable[Any]]
+"""``run_one(env_name, env, task, session_id) -> Outcome`` (``episode.Outcome``)."""
+
+
+async def evaluate(envs: list[tuple[str, Any]], run_one: RunOne, *, num_examples: int, k: int, seed: int,
+                   max_concurrent: int, tag: str = "eval") -> dict[str, Any]:
+    """Every environment's fixed examples, ``k`` rollouts each. Returns the metrics, nested per
+    environment (``{name: {"avg@k": ..., "pass@1": ..., "env_errors": ...}}``), and ``time``."""
+    start = time.perf_counter()
+    gate = asyncio.Semaphore(max_concurrent)
+
+    async def one(name, env, task, session):
+        async with gate:
+            return await run_one(name, env, task, session)
+
+    metrics: dict[str, Any] = {}
+    for name, env in envs:
+        tasks = env.tasks(random.Random(seed), num_examples)
+        outcomes = await asyncio.gather(*(one(name, env, task, f"{tag}-{name}-{e}-{i}")
+                                          for e, task in enumerate(tasks) for i in range(k)))
+        errors = sum(o.error is not None for o in outcomes)
+        # A rollout that raised scores 0: it counts against the policy as a failed attempt would.
+        rewards = [[o.reward if o.error is None else 0.0 for o in outcomes[e * k:(e + 1) * k]]
+                   for e in range(len(tasks))]
+        turns = [o.episode.turns for o in outcomes]
+        metrics[name] = {**summarize(rewards), "env_errors": errors, "turns": sum(turns) / len(turns),
+                         "examples": len(tasks)}
+    metrics["time"] = time.perf_counter() - start
+    return metrics
+
+
+def run_standalone(config) -> int:
+    """``prime eval CONFIG``: evaluate ``model.name`` (a server started from ``[inference]``
+    for the duration) or the running server(s) at ``orchestrator.client.base_url`` (with
+    ``inference = false``), and write ``output_dir/eval/results.json``."""
+    import json
+
+    from prime_core.errors import ConfigError
+    from prime_core.orchestrator.config import EvalConfig
+    from prime_core.orchestrator.role import Orchestrator
+    from prime_core.run_dir import atomic_write_text
+
+    orch = config.orchestrator
+    settings = orch.eval or EvalConfig()
+    envs = settings.env or orch.env
+    if not envs:
+        raise ConfigError(["orchestrator.eval.env: nothing to evaluate; add [[orchestrator.eval.env]] (or "
+                           "[[orchestrator.env]]) with an environment `prime plugins list` shows"])
+    orch = orch.model_copy(update={"env": envs, "eval": settings.model_copy(update={"env": []})})
+    server = _start_server(config.inference) if config.inference is not None else None
+    try:
+        orchestrator = Orchestrator(orch)
+        orchestrator.wait_healthy()
+        results = asyncio.run(orchestrator.evaluate_once())
+    finally:
+        if server is not None:
+            server.stop()
+    out = orch.output_dir / "eval" / "results.json"
+    served = config.inference.model.name if config.inference is not None else ", ".join(orch.client.base_url)
+    record = {"model": str(served), "num_examples": settings.num_examples, "k": settings.rollouts_per_example,
+              "seed": settings.seed, "time": results.pop("time"), "environments": results}
+    atomic_write_text(out, json.dumps(record, indent=2) + "\n")
+    for name, metrics in results.items():
+        shown = ", ".join(f"{key} {value:.3f}" for key, value in metrics.items() if "@" in key)
+        print(f"{name}: {shown} ({metrics['env_errors']} env errors)", flush=True)
+    print(f"results: {out}", flush=True)
+    return 0
+
+
+def _start_server(inference):
+    from prime_core.errors import PrimeError
+    from prime_core.inference.backend import select_backend
+
+    if inference.parallel.dp > 1:
+        raise PrimeError(f"inference.parallel.dp = {inference.parallel.dp}: prime eval starts one server",
+                         hint="set --inference.parallel.dp 1, or start the servers yourself and pass "
+                              "--no-inference --orchestrator.client.base-url URL ...")
+    server = select_backend(inference.backend, key="inference.backend").server(inference)
+    print(f"starting the inference server for {inference.model.name}", flush=True)
+    server.start()
+    try:
+        server.wait_healthy(inference.startup_timeout)
+    except BaseException:
+        server.stop()
+        raise
+    return server
