@@ -32,14 +32,18 @@ FIXED = {
 MODEL_ARGS = ("attn_implementation",)
 """``args`` keys that go to ``from_pretrained`` instead."""
 VLLM_NAMES = {
-    "max_num_seqs": "max_requests_per_batch",
-    "max_num_batched_tokens": "max_batch_tokens",
-    "enable_prefix_caching": None,
-    "kv_cache_memory_bytes": "num_blocks (KV blocks of page_size tokens)",
-    "enforce_eager": None,
-    "data_parallel_size": "inference.parallel.dp (one server per replica)",
-    "tensor_parallel_size": None,
-    "enable_lora": None,
+    "max_num_seqs": "its equivalent is inference.args.max_requests_per_batch",
+    "max_num_batched_tokens": "its equivalent is inference.args.max_batch_tokens",
+    "enable_prefix_caching": "this backend has no prefix caching (the plugin's README says why)",
+    "kv_cache_memory_bytes": "size the cache with inference.gpu_memory_utilization, or inference.args.num_blocks "
+                             "(blocks of page_size tokens)",
+    "gpu_memory_utilization": "use inference.gpu_memory_utilization",
+    "enforce_eager": "this backend runs eagerly unless inference.args.use_cuda_graph or default_compile_level say "
+                     "otherwise",
+    "data_parallel_size": "use inference.parallel.dp (one server per replica)",
+    "tensor_parallel_size": "this backend has no tensor parallelism",
+    "enable_lora": "this backend serves no LoRA adapters",
+    "max_lora_rank": "this backend serves no LoRA adapters",
 }
 
 
@@ -64,10 +68,8 @@ def args_problems(args: dict[str, Any], fields: set[str]) -> list[str]:
                 continue
             problems.append(f"inference.args.{raw}: set by the transformers backend ({FIXED[key]})")
         elif key in VLLM_NAMES:
-            instead = VLLM_NAMES[key]
-            problems.append(f"inference.args.{raw} is a vLLM option the transformers backend does not have"
-                            + (f"; its equivalent is inference.args.{instead}" if instead and "." not in instead
-                               else f"; use {instead}" if instead else ""))
+            problems.append(f"inference.args.{raw} is a vLLM option the transformers backend does not have: "
+                            f"{VLLM_NAMES[key]}")
         elif key not in fields:
             known = sorted(fields - set(FIXED) - {"block_size", "use_default_compile_configs", "max_cached_graphs"})
             problems.append(f"inference.args.{raw}: not a continuous-batching option of this transformers "

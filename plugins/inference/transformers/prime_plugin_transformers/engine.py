@@ -93,6 +93,37 @@ class _Pending:
         self.error: str | None = None
 
 
+class _Usage:
+    """What was served on one version of the weights: samples, tokens and the busy time (some
+    request running), for the log line written when the weights change."""
+
+    def __init__(self) -> None:
+        self.samples = self.tokens = self.running = 0
+        self.busy = 0.0
+        self._since: float | None = None
+
+    def begin(self) -> None:
+        if self.running == 0:
+            self._since = time.perf_counter()
+        self.running += 1
+
+    def end(self, outputs: list) -> None:
+        self.running -= 1
+        self.samples += len(outputs)
+        self.tokens += sum(len(o.generated_tokens) for o in outputs)
+        if self.running == 0 and self._since is not None:
+            self.busy += time.perf_counter() - self._since
+            self._since = None
+
+    def take(self) -> dict[str, float]:
+        """The numbers so far (a busy period still running is cut at now), and start counting again."""
+        now = time.perf_counter()
+        taken = {"samples": self.samples, "tokens": self.tokens,
+                 "busy": self.busy + (now - self._since if self._since is not None else 0.0)}
+        self.samples = self.tokens = 0
+        self.busy, self._since = 0.0, now if self.running else None
+        return taken
+
 class _Gate:
     """Admission of sampling requests, for engines without ``pause()``: ``drained()`` stops
     new requests, waits for the running ones, and opens again on exit."""
@@ -161,6 +192,7 @@ class Engine:
         self._dispatcher: threading.Thread | None = None
         self._generation = 0
         """Counts weight loads, so that a greedy request notices one between sampling and scoring."""
+        self._usage = _Usage()
 
     # -- start and stop ----------------------------------------------------------------------
 
@@ -243,6 +275,10 @@ class Engine:
         if self._dispatcher is not None:
             self._dispatcher.join(timeout)
         self._fail_pending("the engine was stopped")
+        if manager is not None:
+            with self._lock:
+                if self._usage.samples or self._usage.running:
+                    self._log_usage()
 
     # -- results -----------------------------------------------------------------------------
 
@@ -289,26 +325,35 @@ class Engine:
         if not self.alive():
             raise RuntimeError(self.death())
         stops = sorted(set(self.eos_token_ids) | set(params.stop_token_ids)) or [-1]
+        waiting: list[_Pending] = []
         with self._gate.admitted():
-            waiting = []
-            for _ in range(params.n):
-                request_id, pending = f"prime-{uuid.uuid4().hex}", _Pending()
+            with self._lock:
+                self._usage.begin()
+            try:
+                for _ in range(params.n):
+                    waiting.append(self._add(params, stops))
+                for pending in waiting:
+                    pending.done.wait()
+            finally:
                 with self._lock:
-                    self._pending[request_id] = pending
-                added = self.manager.add_request(list(params.prompt_ids), request_id=request_id,
-                                                 max_new_tokens=params.max_tokens, eos_token_id=stops,
-                                                 **params.processor_kwargs())
-                if added is None:  # the manager refused it: it is stopping or dead
-                    with self._lock:
-                        self._pending.pop(request_id, None)
-                    raise RuntimeError(self.death())
-                waiting.append(pending)
-            for pending in waiting:
-                pending.done.wait()
+                    self._usage.end([p.output for p in waiting if p.output is not None])
         errors = [p.error or p.output.error for p in waiting if p.error or p.output.error]
         if errors:
             raise RuntimeError(f"generation failed: {errors[0]}")
         return [p.output for p in waiting]
+
+    def _add(self, params: Params, stops: list[int]) -> _Pending:
+        request_id, pending = f"prime-{uuid.uuid4().hex}", _Pending()
+        with self._lock:
+            self._pending[request_id] = pending
+        added = self.manager.add_request(list(params.prompt_ids), request_id=request_id,
+                                         max_new_tokens=params.max_tokens, eos_token_id=stops,
+                                         **params.processor_kwargs())
+        if added is None:  # the manager refused it: it is stopping or dead
+            with self._lock:
+                self._pending.pop(request_id, None)
+            raise RuntimeError(self.death())
+        return pending
 
     def _sample(self, params: Params, tokens: list[int], logprobs: list[float]) -> dict[str, Any]:
         tokens = [int(t) for t in tokens]
@@ -372,11 +417,21 @@ class Engine:
             waited = time.perf_counter() - started
             how = load_into(self.model, folder)
             self._generation += 1
+            with self._lock:
+                self._log_usage()
         self.version, self.weights_path = step, str(folder)
         seconds = time.perf_counter() - started
         log.info("loaded weights of step %s from %s in %.2f s (%.2f s waiting for the model; %s)",
                  step, folder, seconds, waited, how)
         return {"step": step, "path": str(folder), "seconds": seconds, "waited": waited, "how": how}
+
+    def _log_usage(self) -> None:
+        """One line on what the weights being replaced served (caller holds ``_lock``)."""
+        used = self._usage.take()
+        rate = f"{used['tokens'] / used['busy']:.1f} tokens/s, {used['samples'] / used['busy']:.2f} samples/s" \
+            if used["busy"] > 0 else "idle"
+        log.info("served %d samples, %d tokens on the weights of step %s in %.3f s busy (%s)", used["samples"],
+                 used["tokens"], self.version if self.version is not None else 0, used["busy"], rate)
 
     def info(self) -> dict[str, Any]:
         return {"model": str(self.config.model.name), "weights": self.weights_path, "version": self.version,
