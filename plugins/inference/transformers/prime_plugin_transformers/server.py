@@ -1,11 +1,14 @@
 """The ``transformers`` server, inside the ``inference`` role's own process.
 
-``start()`` binds the port at once (a taken port is reported before anything loads), answers
-HTTP from a background thread, and loads the model in another (``GET /health`` says 503
-until it is served). Nothing runs in a child process, so nothing can outlive the role:
-``stop()`` stops the generation loop and closes the socket, and the remaining threads are
-daemons. The engine's log (model, device, KV-cache sizing, each weight load) goes to
-``output_dir/logs/transformers-PORT.log``; transformers' own warnings go there too.
+``start()`` binds the port at once (a taken port is reported before anything loads) and
+answers HTTP from a background thread (``GET /health`` says 503 until the model is served);
+``wait_healthy()`` loads the model in the calling thread, the role's main thread: started from
+another thread, transformers' generation thread ran 10-30 times slower on a CPU (torch's
+OpenMP threads fight), so the load is not in a thread of its own and ``startup_timeout`` cannot
+cut it short. Nothing runs in a child process, so nothing can outlive the role: ``stop()`` stops
+the generation loop and closes the socket, and the remaining threads are daemons. The engine's
+log (model, device, KV-cache sizing, each weight load, what each version of the weights
+served) goes to ``output_dir/logs/transformers-PORT.log``, with transformers' own messages.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from prime_core.launch.supervise import tail
 
 LOGGERS = ("prime.transformers", "transformers", "ContinuousBatchingLogger")
 LOG_TAIL_LINES = 30
+LOAD_ERRORS = (OSError, ValueError, RuntimeError, ImportError, KeyError, TypeError, AttributeError, MemoryError)
+"""What loading a model can raise; anything else (the role's stop signal) passes through."""
 
 
 class _State:
@@ -66,7 +71,6 @@ class TransformersServer:
                      "(--server.port for `prime inference`)") from None
         self._open_log()
         threading.Thread(target=self._httpd.serve_forever, name="prime-http", daemon=True).start()
-        threading.Thread(target=self._load, name="prime-load", daemon=True).start()
 
     def _open_log(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -84,30 +88,33 @@ class TransformersServer:
     def _load(self) -> None:
         from prime_plugin_transformers.engine import Engine
 
-        log = logging.getLogger("prime.transformers")
         os.environ.update(self.config.env)
-        try:
-            engine = Engine(self.config)
-            with self._start_lock:  # stop() during loading: the engine is stopped before it serves
-                if self._stopped.is_set():
-                    return
-                self._engine = engine
-            engine.load()
+        engine = Engine(self.config)
+        with self._start_lock:  # stop() from another thread during loading: the engine never serves
             if self._stopped.is_set():
-                engine.stop()
                 return
-            self.state.engine = engine
-        except Exception as exc:  # reported by wait_healthy, GET /health and wait()
-            log.exception("loading %s failed", self.config.model.name)
+            self._engine = engine
+        try:
+            engine.load()
+        except LOAD_ERRORS as exc:
+            logging.getLogger("prime.transformers").exception("loading %s failed", self.config.model.name)
             self.state.failure = f"loading {self.config.model.name} failed: {type(exc).__name__}: {exc}"
+            return
+        if self._stopped.is_set():
+            engine.stop()
+            return
+        self.state.engine = engine
 
     def _failure(self, what: str, hint: str | None = None) -> PrimeError:
         return PrimeError(f"{what}\n--- last lines of {self.log_path} ---\n{tail(self.log_path, LOG_TAIL_LINES)}",
                           hint=hint)
 
     def wait_healthy(self, timeout: float) -> None:
+        """Load the model here (see the module's docstring), then wait until it serves."""
         if self._httpd is None:
             raise PrimeError("the transformers server was not started")
+        if self.state.engine is None and self.state.failure is None:
+            self._load()
         deadline = time.monotonic() + timeout
         while True:
             if self.state.failure:
