@@ -5,7 +5,8 @@
 #   bash benchmarks/transformers_gpu.sh 0.6b-async 0.6b-sync 1.7b-async 1.7b-sync   # prime run, one GPU
 #   bash benchmarks/transformers_gpu.sh table      # the table of everything under $OUT
 # Each run phase is one `prime run` (transformers_rl_bench.py); GPUS=2 splits inference and trainer over two
-# GPUs instead of sharing GPU 0. Results: $OUT/results.jsonl; each run's files in $OUT/<shape>-async<k>/.
+# GPUs instead of sharing GPU 0. Results: $OUT/results.jsonl; each run's metrics and logs in $OUT/<shape>-async<k>/
+# (models and checkpoints stay in /tmp: gigabytes).
 # Knobs (environment): STEPS (10), BATCH (256 samples), MAX_TOKENS (256), UTIL (0.35 of the GPU for inference).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,9 +14,10 @@ OUT=${OUT:-/tmp/prime-transformers}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 bench() {  # bench SHAPE ASYNC_LEVEL
-  timeout 570 python3 benchmarks/transformers_rl_bench.py --out "$OUT" --shapes "$1" --async-levels "$2" \
+  timeout 580 python3 benchmarks/transformers_rl_bench.py --out "$OUT" --work /tmp/prime-transformers-runs \
+    --models /tmp/prime-transformers-models --shapes "$1" --async-levels "$2" \
     --gpus "${GPUS:-1}" --steps "${STEPS:-10}" --batch-size "${BATCH:-256}" --max-tokens "${MAX_TOKENS:-256}" \
-    --gpu-memory-utilization "${UTIL:-0.35}" --timeout 540 || echo "bench $1 async_level=$2 exited $?"
+    --gpu-memory-utilization "${UTIL:-0.35}" --timeout 420 || echo "bench $1 async_level=$2 exited $?"
 }
 for phase in "$@"; do
   case "$phase" in

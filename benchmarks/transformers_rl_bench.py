@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import socket
 import statistics
 import subprocess
@@ -98,7 +99,7 @@ def free_port() -> int:
 
 
 def run_one(args: argparse.Namespace, shape: str, model: Path, async_level: int, gpu: bool) -> Path:
-    out = args.out / f"{shape}-async{async_level}"
+    out = args.work / f"{shape}-async{async_level}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "rl.toml").write_text(run_config(args, async_level, gpu))
     port = free_port()
@@ -107,13 +108,40 @@ def run_one(args: argparse.Namespace, shape: str, model: Path, async_level: int,
     print(f"$ {' '.join(command)}", flush=True)
     start = time.monotonic()
     with open(out / "console.log", "w") as console:
-        code = subprocess.run(command, stdout=console, stderr=subprocess.STDOUT, timeout=args.timeout,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"}).returncode
+        proc = subprocess.Popen(command, stdout=console, stderr=subprocess.STDOUT,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        try:
+            code = proc.wait(args.timeout)
+        except subprocess.TimeoutExpired:  # Ctrl-C's way: the launcher stops every role, then exits
+            print(f"  over {args.timeout:.0f} s: stopping the run", flush=True)
+            proc.send_signal(signal.SIGINT)
+            try:
+                code = proc.wait(90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
     (out / "port").write_text(str(port))
     print(f"  exit {code} after {time.monotonic() - start:.0f} s; console: {out / 'console.log'}", flush=True)
     if code != 0:
         print((out / "console.log").read_text()[-3000:], flush=True)
     return out
+
+
+def keep(run: Path, out: Path) -> None:
+    """Copy a run's small files (metrics, logs, config, console) from the work folder to ``out``."""
+    import shutil
+
+    target = out / run.name
+    if target.resolve() == run.resolve():
+        return
+    (target / "run" / "logs").mkdir(parents=True, exist_ok=True)
+    for name in ("rl.toml", "console.log", "port"):
+        if (run / name).exists():
+            shutil.copy(run / name, target / name)
+    if (run / "run" / "metrics.jsonl").exists():
+        shutil.copy(run / "run" / "metrics.jsonl", target / "run" / "metrics.jsonl")
+    for log in (run / "run" / "logs").glob("*.log"):
+        shutil.copy(log, target / "run" / "logs" / log.name)
 
 
 def _epoch(stamp: str) -> float:
@@ -186,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     only_table = bool(argv) and argv[0] == "table"
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--work", type=Path, help="where the runs write (checkpoints and weights: gigabytes); "
+                                                  "default: --out")
+    parser.add_argument("--models", type=Path, help="where the random models are built; default: OUT/models")
     parser.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen3-1.7b"], choices=sorted(SHAPES))
     parser.add_argument("--async-levels", nargs="+", type=int, default=[1, 0])
     parser.add_argument("--gpus", type=int, default=1, choices=[1, 2], help="1: inference and trainer share GPU 0; "
@@ -216,12 +247,15 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA GPU here: use --tiny on a CPU", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    args.work, args.models = args.work or args.out, args.models or args.out / "models"
     for shape in args.shapes:
         started = time.monotonic()
-        model = build_model(args.out / "models" / shape, shape, args.dtype)
+        model = build_model(args.models / shape, shape, args.dtype)
         print(f"{shape}: model at {model} ({time.monotonic() - started:.0f} s)", flush=True)
         for level in args.async_levels:
-            result = summarize(run_one(args, shape, model, level, gpu), args.skip, args.batch_size)
+            run = run_one(args, shape, model, level, gpu)
+            keep(run, args.out)
+            result = summarize(run, args.skip, args.batch_size)
             if result is None:
                 print(f"{shape} async_level={level}: no steady-state steps to report", flush=True)
                 continue

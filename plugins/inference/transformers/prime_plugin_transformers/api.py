@@ -68,7 +68,7 @@ class Handler(BaseHTTPRequestHandler):
             self._reply(500, {"error": engine.death()})
 
     def do_POST(self):  # noqa: N802
-        from prime_plugin_transformers.engine import BadRequest
+        from prime_plugin_transformers.params import BadRequest
         from prime_plugin_transformers.weights import WeightsError
 
         length = int(self.headers.get("Content-Length") or 0)

@@ -25,63 +25,19 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prime_plugin_transformers.admission import Gate
+from prime_plugin_transformers.params import Params
+from prime_plugin_transformers.usage import Usage
+
 log = logging.getLogger("prime.transformers")
 
-GREEDY_TOP_P = 1e-9
-"""Top-p of a temperature-0 request: at least one token is always kept, here only the argmax."""
 PLACEHOLDER_TEMPERATURE, PLACEHOLDER_TOP_P = 0.5, 0.5
 """transformers builds a per-request temperature (top-p) processor only when the manager's own
 value is not the neutral 1.0; every request then sets its own value, so these are never used."""
 GREEDY_ATTEMPTS = 3
-
-
-class BadRequest(ValueError):
-    """The request cannot be served as it is (HTTP 400)."""
-
-
-@dataclass(frozen=True)
-class Params:
-    prompt_ids: list[int]
-    n: int
-    max_tokens: int
-    temperature: float
-    top_p: float
-    stop_token_ids: tuple[int, ...]
-
-    @classmethod
-    def parse(cls, body: dict, *, vocab_size: int, max_model_len: int) -> Params:
-        try:
-            params = cls(prompt_ids=[int(t) for t in body["prompt_ids"]], n=int(body.get("n", 1)),
-                         max_tokens=int(body["max_tokens"]), temperature=float(body.get("temperature", 1.0)),
-                         top_p=float(body.get("top_p", 1.0)),
-                         stop_token_ids=tuple(int(t) for t in body.get("stop_token_ids") or ()))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BadRequest(f"malformed sampling request ({type(exc).__name__}: {exc})") from None
-        bad = [t for t in params.prompt_ids if not 0 <= t < vocab_size]
-        if not params.prompt_ids or bad:
-            raise BadRequest(f"prompt token ids must be in [0, {vocab_size}) (the model's vocabulary); got "
-                             f"{bad[:5] if bad else 'an empty prompt'}")
-        if params.n < 1 or params.max_tokens < 1 or params.temperature < 0 or not 0 < params.top_p <= 1:
-            raise BadRequest(f"need n >= 1, max_tokens >= 1, temperature >= 0 and 0 < top_p <= 1 (got n={params.n}, "
-                             f"max_tokens={params.max_tokens}, temperature={params.temperature}, top_p={params.top_p})")
-        if len(params.prompt_ids) + params.max_tokens > max_model_len:
-            raise BadRequest(f"the prompt ({len(params.prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) "
-                             f"exceed the model's maximum length of {max_model_len} tokens "
-                             "(inference.model.max_model_len)")
-        return params
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    def processor_kwargs(self) -> dict[str, float]:
-        if self.greedy:
-            return {"temperature": 1.0, "top_p": GREEDY_TOP_P}
-        return {"temperature": self.temperature, "top_p": self.top_p}
 
 
 class _Pending:
@@ -91,71 +47,6 @@ class _Pending:
         self.done = threading.Event()
         self.output = None
         self.error: str | None = None
-
-
-class _Usage:
-    """What was served on one version of the weights: samples, tokens and the busy time (some
-    request running), for the log line written when the weights change."""
-
-    def __init__(self) -> None:
-        self.samples = self.tokens = self.running = 0
-        self.busy = 0.0
-        self._since: float | None = None
-
-    def begin(self) -> None:
-        if self.running == 0:
-            self._since = time.perf_counter()
-        self.running += 1
-
-    def end(self, outputs: list) -> None:
-        self.running -= 1
-        self.samples += len(outputs)
-        self.tokens += sum(len(o.generated_tokens) for o in outputs)
-        if self.running == 0 and self._since is not None:
-            self.busy += time.perf_counter() - self._since
-            self._since = None
-
-    def take(self) -> dict[str, float]:
-        """The numbers so far (a busy period still running is cut at now), and start counting again."""
-        now = time.perf_counter()
-        taken = {"samples": self.samples, "tokens": self.tokens,
-                 "busy": self.busy + (now - self._since if self._since is not None else 0.0)}
-        self.samples = self.tokens = 0
-        self.busy, self._since = 0.0, now if self.running else None
-        return taken
-
-class _Gate:
-    """Admission of sampling requests, for engines without ``pause()``: ``drained()`` stops
-    new requests, waits for the running ones, and opens again on exit."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._open = True
-        self._running = 0
-
-    @contextmanager
-    def admitted(self):
-        with self._cond:
-            self._cond.wait_for(lambda: self._open)
-            self._running += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._running -= 1
-                self._cond.notify_all()
-
-    @contextmanager
-    def drained(self):
-        with self._cond:
-            self._open = False
-            self._cond.wait_for(lambda: self._running == 0)
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._open = True
-                self._cond.notify_all()
 
 
 def resolve_dtype(name: str, model_dir: str):
@@ -186,13 +77,13 @@ class Engine:
         self._pending: dict[str, _Pending] = {}
         self._lock = threading.Lock()
         self._exclusive_lock = threading.Lock()
-        self._gate = _Gate()
+        self._gate = Gate()
         self._stopping = threading.Event()
         self._start_lock = threading.Lock()
         self._dispatcher: threading.Thread | None = None
         self._generation = 0
         """Counts weight loads, so that a greedy request notices one between sampling and scoring."""
-        self._usage = _Usage()
+        self._usage = Usage()
 
     # -- start and stop ----------------------------------------------------------------------
 

@@ -126,7 +126,7 @@ def test_text_skips_special_tokens_and_ids_beyond_the_tokenizer(engine):
     ({"prompt_ids": [5]}, "malformed sampling request"),
 ])
 def test_bad_requests_are_refused_before_sampling(engine, body, message):
-    from prime_plugin_transformers.engine import BadRequest
+    from prime_plugin_transformers.params import BadRequest
 
     with pytest.raises(BadRequest, match=message.replace("[", r"\[").replace("+", r"\+")):
         engine.sample(body)
