@@ -23,6 +23,9 @@ CPU_MAX_BATCH_TOKENS = 1024
 """Tokens per forward pass on a CPU (transformers' default, 8192, sizes attention masks for a GPU)."""
 CUDA_CONTEXT_BYTES = 512 * 1024**2
 """The CUDA context of this process, outside torch's allocator, counted in its share."""
+HEADROOM = 0.8
+"""Of its share, what transformers' sizing may plan for: the rest is for the vocabulary-sized
+temporaries of sampling it does not count (transformers' own default with logits processors)."""
 
 FIXED = {
     "return_logprobs": "the sampling contract returns the log-probability of every sampled token",
@@ -98,7 +101,7 @@ def gpu_memory_percent(utilization: float, *, total: int, free: int, held: int) 
                          f"{(held + CUDA_CONTEXT_BYTES) / 2**30:.1f} GiB: raise it")
     if free <= 0:
         raise ValueError("no free GPU memory left for the KV cache")
-    return min(1.0, budget / free)
+    return min(1.0, HEADROOM * budget / free)
 
 
 def settings(config, model, *, device: str, fields: set[str]) -> dict[str, Any]:

@@ -136,15 +136,15 @@ def test_one_gpu_is_shared_by_naming_it_for_both_roles(tmp_path):
 
 
 def test_gpu_memory_utilization_bounds_what_the_server_holds_in_all():
-    from prime_plugin_transformers.cb_config import CUDA_CONTEXT_BYTES, gpu_memory_percent
+    from prime_plugin_transformers.cb_config import CUDA_CONTEXT_BYTES, HEADROOM, gpu_memory_percent
 
     gib = 2**30
-    # 80 GiB GPU, 30 GiB free (a trainer holds the rest), the model holds 4 GiB: at 0.5 the
+    # 80 GiB GPU, 20 GiB free (a trainer holds the rest), the model holds 4 GiB: at 0.5 the
     # server may take 40 GiB in all, so 36 GiB minus the CUDA context more.
-    share = gpu_memory_percent(0.5, total=80 * gib, free=30 * gib, held=4 * gib)
+    share = gpu_memory_percent(0.5, total=80 * gib, free=20 * gib, held=4 * gib)
     assert share == 1.0  # more than is free: take what is free
     share = gpu_memory_percent(0.3, total=80 * gib, free=70 * gib, held=4 * gib)
-    assert share * 70 * gib == pytest.approx(0.3 * 80 * gib - 4 * gib - CUDA_CONTEXT_BYTES)
+    assert share * 70 * gib == pytest.approx(HEADROOM * (0.3 * 80 * gib - 4 * gib - CUDA_CONTEXT_BYTES))
     with pytest.raises(ValueError, match="raise it"):
         gpu_memory_percent(0.05, total=80 * gib, free=70 * gib, held=4 * gib)
 
