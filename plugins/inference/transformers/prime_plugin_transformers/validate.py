@@ -1,0 +1,57 @@
+"""Configs the transformers backend cannot serve, refused at load time (``prime config validate``,
+``prime run``) with the key and the way out: what vLLM has and this backend lacks."""
+
+from __future__ import annotations
+
+NAME = "transformers"
+
+
+def _uses_us(name: str, key: str) -> bool:
+    """Whether the backend setting ``name`` (at ``key``) selects this backend here."""
+    if name == NAME:
+        return True
+    if name != "auto":
+        return False
+    from prime_core.errors import PrimeError
+    from prime_core.inference.backend import select_backend
+
+    try:
+        return select_backend(name, key=key).name == NAME
+    except PrimeError:  # no backend can run here: the core reports that itself
+        return False
+
+
+def inference_problems(inference, prefix: str) -> list[str]:
+    problems = []
+    if inference.lora is not None:
+        problems.append(f"{prefix}lora: the transformers backend serves full weights only, not LoRA adapters "
+                        "(trainer.model.lora needs inference.backend = 'vllm')")
+    if inference.parallel.tp > 1:
+        problems.append(f"{prefix}parallel.tp = {inference.parallel.tp}: the transformers backend has no tensor "
+                        "parallelism (one replica is one device); use parallel.dp replicas, or the vllm backend")
+    if inference.args:
+        from prime_plugin_transformers.cb_config import args_problems, cb_fields
+
+        problems += [p.replace("inference.", prefix, 1) for p in args_problems(inference.args, cb_fields())]
+    return problems
+
+
+def orchestrator_problems(orchestrator, prefix: str) -> list[str]:
+    if orchestrator.sampling.seed is None:
+        return []
+    return [f"{prefix}sampling.seed = {orchestrator.sampling.seed}: the transformers backend has no per-request "
+            "seeds, so the samples would not be reproducible; unset it, or use inference.backend = 'vllm'"]
+
+
+def problems(config, root: str) -> list[str]:
+    found = []
+    if root == "rl":
+        if _uses_us(config.inference.backend, "inference.backend"):
+            found += inference_problems(config.inference, "inference.")
+        if _uses_us(config.orchestrator.client.backend, "orchestrator.client.backend"):
+            found += orchestrator_problems(config.orchestrator, "orchestrator.")
+    elif root == "inference" and _uses_us(config.backend, "backend"):
+        found += inference_problems(config, "")
+    elif root == "orchestrator" and _uses_us(config.client.backend, "client.backend"):
+        found += orchestrator_problems(config, "")
+    return found

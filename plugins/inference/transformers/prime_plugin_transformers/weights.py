@@ -1,0 +1,130 @@
+"""Load a published Hugging Face folder into the live model, in place.
+
+In place matters: the continuous-batching manager (and its CUDA graphs) holds the model's
+parameter tensors, so new values are copied into them and no tensor is ever replaced.
+
+Everything is checked before the first tensor is copied (keys, shapes), so a wrong folder
+leaves the served weights untouched. Two ways to read the folder:
+
+- its safetensors keys are the model's own (dense models such as Qwen3, Llama): tensors are
+  read one by one, straight onto the model's device;
+- otherwise (checkpoint layouts transformers converts while loading, e.g. per-expert MoE
+  weights it fuses): transformers loads the folder into a second model on the CPU, with its
+  own conversions, and that model's tensors are copied.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+WEIGHT_FILES = "*.safetensors"
+
+
+class WeightsError(ValueError):
+    """The folder cannot be served by this model; nothing was changed."""
+
+
+def check_folder(folder: Path) -> list[Path]:
+    """The safetensors files of ``folder``; refuses a missing folder, a LoRA adapter and a folder
+    without weights."""
+    if not folder.is_dir():
+        raise WeightsError(f"weights folder not found on the inference server: {folder}")
+    if (folder / "adapter_config.json").exists():
+        raise WeightsError(f"{folder} is a LoRA adapter; the transformers backend serves full weights only "
+                           "(train without trainer.model.lora, or serve with the vllm backend)")
+    files = sorted(folder.glob(WEIGHT_FILES))
+    if not files:
+        raise WeightsError(f"no weight files ({WEIGHT_FILES}) in {folder}; nothing was loaded")
+    return files
+
+
+def _targets(model) -> tuple[dict, dict[str, str]]:
+    """The model's state-dict tensors by key, and for each key the first key holding the same
+    tensor (tied weights such as ``lm_head.weight`` and ``model.embed_tokens.weight``)."""
+    state = model.state_dict(keep_vars=True)
+    first: dict[int, str] = {}
+    alias = {}
+    for key, tensor in state.items():
+        alias[key] = first.setdefault(id(tensor), key)
+    return state, alias
+
+
+def _plan(state: dict, alias: dict[str, str], shapes: dict[str, tuple], folder: Path) -> dict[str, str]:
+    """``{checkpoint key: model key}`` covering every model tensor, or ``WeightsError``."""
+    unknown = sorted(set(shapes) - set(state))
+    loaded_groups = {alias[k] for k in shapes if k in state}
+    missing = sorted(k for k in state if alias[k] not in loaded_groups)
+    if unknown or missing:
+        raise WeightsError(f"{folder} does not match the served model: {len(missing)} of its tensors are missing "
+                           f"({_some(missing)}) and {len(unknown)} are unknown ({_some(unknown)})")
+    wrong = [f"{k}: {tuple(shapes[k])} instead of {tuple(state[k].shape)}" for k in shapes
+             if tuple(shapes[k]) != tuple(state[k].shape)]
+    if wrong:
+        raise WeightsError(f"{folder} has tensors of other shapes than the served model "
+                           f"(another model?): {'; '.join(wrong[:3])}")
+    return {k: k for k in shapes}
+
+
+def _some(keys: list[str]) -> str:
+    return ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
+
+
+def read_shapes(files: list[Path]) -> dict[str, tuple]:
+    from safetensors import safe_open
+
+    shapes = {}
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for key in f.keys():
+                shapes[key] = tuple(f.get_slice(key).get_shape())
+    return shapes
+
+
+def load_into(model, folder: Path) -> str:
+    """Copy the weights of ``folder`` into ``model`` (caller: the model is not in use). Returns
+    how they were read, for the log."""
+    import torch
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    files = check_folder(folder)
+    state, alias = _targets(model)
+    shapes = read_shapes(files)
+    if set(shapes) <= set(state):
+        plan = _plan(state, alias, shapes, folder)
+        device = str(next(model.parameters()).device)
+        with torch.no_grad():
+            for file in files:
+                with safe_open(file, framework="pt", device=device) as f:
+                    for key in f.keys():
+                        state[plan[key]].copy_(f.get_tensor(key))
+        _synchronize(device)
+        return "safetensors, in place"
+    converted = _converted(model, folder)
+    plan = _plan(state, alias, {k: tuple(v.shape) for k, v in converted.items()}, folder)
+    with torch.no_grad():
+        for key, tensor in converted.items():
+            state[plan[key]].copy_(tensor)
+    _synchronize(str(next(model.parameters()).device))
+    return "converted by transformers, in place"
+
+
+def _converted(model, folder: Path) -> dict:
+    """The state dict transformers makes of ``folder`` for the served model's class (on the CPU)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(folder)
+        loaded = type(model).from_pretrained(folder, config=config, dtype=model.dtype)
+    except Exception as exc:  # transformers raises many kinds for an unreadable folder
+        raise WeightsError(f"transformers cannot load {folder} as a {type(model).__name__}: "
+                           f"{type(exc).__name__}: {exc}") from exc
+    return {k: v for k, v in loaded.state_dict().items()}
+
+
+def _synchronize(device: str) -> None:
+    # The copies run on the default stream; the generation loop runs on its own stream.
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()

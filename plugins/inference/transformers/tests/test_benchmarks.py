@@ -1,0 +1,45 @@
+"""The benchmarks of this backend run here with ``--tiny`` (a CPU, seconds per step): the
+backends side by side, and the RL loop asynchronous and synchronous, each printing its table."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+BENCHMARKS = Path(__file__).resolve().parents[4] / "benchmarks"
+
+
+def bench(script: str, *args: str) -> str:
+    result = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True,
+                            timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def test_backends_side_by_side_print_tokens_per_second(tmp_path):
+    out = bench("inference_backends_bench.py", "--tiny", "--backends", "transformers", "--work", str(tmp_path),
+                "--out", str(tmp_path / "r.jsonl"))
+    rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [(r["backend"], r["concurrency"]) for r in rows] == [("transformers", 8), ("transformers", 16)]
+    assert all(r["median_tokens_per_s"] > 0 and r["samples"] == r["concurrency"] for r in rows)
+    assert "| concurrent samples | transformers tokens/s (median, best) |" in out
+
+
+def test_the_rl_loop_is_measured_async_and_sync(tmp_path):
+    out = bench("transformers_rl_bench.py", "--tiny", "--out", str(tmp_path))
+    results = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["run"] for r in results] == ["tiny-async1", "tiny-async0"]
+    for r in results:
+        for key in ("step_time", "train_time", "inference_time", "samples_per_s", "tokens_per_s", "weight_load_s",
+                    "publish_to_served_s", "overlap_ratio"):
+            assert math.isfinite(r[key]) and r[key] >= 0, (key, r)
+        assert r["mismatch_kl_step1"] < 1e-3
+    assert "tiny: async " in out and "steps/h = " in out
