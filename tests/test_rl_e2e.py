@@ -135,7 +135,8 @@ def test_lora_rl_serves_each_adapter_and_learns(warm_model, tmp_path):
     trainer, orchestrator = records(out, "trainer"), records(out, "orchestrator")
     assert [r["step"] for r in trainer] == list(range(1, steps + 1))
     final = out / "weights" / f"step_{steps}"
-    assert sorted(p.name for p in final.iterdir()) == ["STABLE", "adapter_config.json", "adapter_model.safetensors"]
+    assert sorted(p.name for p in final.iterdir()) == ["STABLE", "adapter_config.json", "adapter_model.safetensors",
+                                                          "prime_plugins.json"]
     # one float32 process: FSDP would have nothing to do there, so only LoRA wraps the model
     assert "strategies lora, steps 1" in (out / "logs" / "trainer.log").read_text()
     assert f"as LoRA adapter {warm_model}-lora-step-" in (out / "logs" / "orchestrator.log").read_text()

@@ -6,6 +6,7 @@ plugin that can run here; ``required_plugins`` must be active; and each plugin's
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from pydantic import BaseModel
@@ -17,13 +18,19 @@ from prime_core.errors import PluginError, did_you_mean
 from prime_core.plugins import REGISTRIES, PluginManager, get_plugin_manager
 
 
+_BUILDING = threading.Lock()
+"""One schema build at a time: pydantic parses class sources to read attribute docstrings, and
+CPython 3.11's parser is not safe when two threads do that at once (SystemError)."""
+
+
 def schema_for(root: str, manager: PluginManager | None = None) -> type[BaseModel]:
     """The schema of ``root`` with the sections of the active plugins (cached per manager)."""
     manager = manager or get_plugin_manager()
     cache = manager.__dict__.setdefault("_schemas", {})
-    if root not in cache:
-        sections = [(p.spec, p.plugin) for p in manager.registry("config_sections").values()]
-        cache[root] = build_schema(root, sections)
+    with _BUILDING:
+        if root not in cache:
+            sections = [(p.spec, p.plugin) for p in manager.registry("config_sections").values()]
+            cache[root] = build_schema(root, sections)
     return cache[root]
 
 
