@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
         output_dir/eval/results.json. CONFIG... are files and --key value overrides (as prime run)."""
         from prime_core.cli.common import load_config
         from prime_core.hub import default_offline
-        from prime_core.orchestrator.eval import run_standalone
+        from prime_core.orchestrator.eval_run import run_standalone
         from prime_core.plugins import get_plugin_manager
 
         default_offline()
