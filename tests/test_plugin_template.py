@@ -71,9 +71,9 @@ def test_every_kind_is_listed_selected_and_passes_its_contract_suite(prime_cli, 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
     env.pop("PRIME_DISABLE_PLUGIN_AUTOLOAD", None)
 
-    def prime(*args):
-        return subprocess.run([sys.executable, "-m", "prime_core", *args], capture_output=True, text=True, env=env,
-                              check=False)
+    def prime(*args):  # HF_HUB_OFFLINE=0: the default hub model may be downloaded by the roles (never here)
+        return subprocess.run([sys.executable, "-m", "prime_core", *args], capture_output=True, text=True,
+                              env={**env, "HF_HUB_OFFLINE": "0"}, check=False)
 
     listed = {p["name"]: p for p in json.loads(prime("plugins", "list", "--json").stdout)["plugins"]}
     keys = {"kernel": ("kernels", "swiglu:my_kernel"), "algorithm": ("algorithms", "advantage:my_algorithm"),

@@ -21,6 +21,10 @@ Fixtures:
 - ``prime_cli(*args, env=None)``: run the ``prime`` CLI in-process against the test's
   manager; returns click's ``Result`` (``exit_code``, ``output``, ``stdout``, ``stderr``).
 
+Helpers: ``config_only_model(folder, **config)`` writes a model folder that passes the
+config's model-folder checks (``config.json`` from ``config``, a weights file with no tensors,
+a tokenizer) for tests of what a config or plugin reads from ``config.json``.
+
 Contract suites, one per plugin kind, live in ``prime_core.testing.contracts`` (imported only
 by the tests that use them): subclass ``EnvironmentContract``, ``KernelContract``, ... in a
 plugin's ``tests/test_contract.py`` and pytest runs the kind's documented contract against it.
@@ -50,6 +54,21 @@ def fresh_manager(*, autoload: bool = False) -> PluginManager:
         manager.load()
         manager.register(prime_core.builtin, name="core", dist="prime-core", check_api=True)
     return manager.load()
+
+
+def config_only_model(folder: Path, **config) -> Path:
+    """A model folder holding ``config.json`` (``config``), a safetensors file with no tensors
+    and a byte-level tokenizer: enough for config checks, not to load a model."""
+    import json
+
+    from prime_core.testing.chat import chat_tokenizer
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes((2).to_bytes(8, "little") + b"{}")
+    chat_tokenizer().save_pretrained(folder)
+    return folder
 
 
 @pytest.fixture

@@ -184,7 +184,11 @@ class InferenceBackendContract(Contract):
 
     @pytest.fixture(scope="class")
     def model_dir(self, tmp_path_factory) -> Path:
-        return tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny")
+        from prime_core.testing.chat import chat_tokenizer
+
+        folder = tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny")
+        chat_tokenizer().save_pretrained(folder)  # a server detokenizes; requests are token ids
+        return folder
 
     @pytest.fixture(scope="class")
     def served(self, model_dir, tmp_path_factory):

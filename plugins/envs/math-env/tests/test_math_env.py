@@ -142,10 +142,11 @@ def test_bad_arguments_are_refused_by_config_validate(register_plugin, prime_cli
 
 
 def test_the_seeds_slurm_config_validates(installed_plugins, prime_cli):
-    result = prime_cli("config", "validate", str(SEEDS / "slurm_dense_hendrycks.toml"))
+    # HF_HUB_OFFLINE=0: on a cluster the roles download the seed's hub model, not cached here
+    result = prime_cli("config", "validate", str(SEEDS / "slurm_dense_hendrycks.toml"), env={"HF_HUB_OFFLINE": "0"})
     assert result.exit_code == 0, result.output
     # The MoE seed still needs an nccl weight transport (not this plugin's); its environment is found.
-    moe = prime_cli("config", "validate", str(SEEDS / "slurm_moe_hendrycks.toml")).output
+    moe = prime_cli("config", "validate", str(SEEDS / "slurm_moe_hendrycks.toml"), env={"HF_HUB_OFFLINE": "0"}).output
     assert "orchestrator.env" not in moe and "weight_broadcast.type = 'nccl'" in moe
 
 

@@ -46,7 +46,8 @@ def orchestrator_problems(orchestrator, prefix: str) -> list[str]:
 def problems(config, root: str) -> list[str]:
     found = []
     if root == "rl":
-        if _uses_us(config.inference.backend, "inference.backend"):
+        # no [inference] section: the run uses servers started elsewhere (--no-inference)
+        if config.inference is not None and _uses_us(config.inference.backend, "inference.backend"):
             found += inference_problems(config.inference, "inference.")
         if _uses_us(config.orchestrator.client.backend, "orchestrator.client.backend"):
             found += orchestrator_problems(config.orchestrator, "orchestrator.")

@@ -118,6 +118,9 @@ def test_auto_is_checked_as_the_backend_it_selects(tmp_path):
         "parallel.dp replicas, or the vllm backend"]
     inference.backend = "vllm"
     assert problems(inference, "inference") == []
+    # a run on servers started elsewhere (--no-inference) has no [inference] section
+    orchestrator = SimpleNamespace(client=SimpleNamespace(backend="transformers"), sampling=SimpleNamespace(seed=None))
+    assert problems(SimpleNamespace(inference=None, orchestrator=orchestrator), "rl") == []
 
 
 def test_one_gpu_is_shared_by_naming_it_for_both_roles(tmp_path):
@@ -157,7 +160,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_a_taken_port_is_refused_before_the_model_loads(tmp_path):
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    from prime_core.testing.chat import chat_tokenizer
+    from prime_core.testing.contracts.model_impl import tiny_checkpoint
+
+    folder = tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny")
+    chat_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def test_a_taken_port_is_refused_before_the_model_loads(model_dir, tmp_path):
     import socket
 
     from prime_core.cli.common import load_config
@@ -167,7 +180,7 @@ def test_a_taken_port_is_refused_before_the_model_loads(tmp_path):
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        config = load_config("inference", ["--model.name", str(tmp_path), "--backend", "transformers",
+        config = load_config("inference", ["--model.name", str(model_dir), "--backend", "transformers",
                                            "--server.port", str(port), "--output-dir", str(tmp_path)])
         server = TransformersServer(config)
         with pytest.raises(PrimeError, match=f"inference.server.port = {port}: cannot serve"):
@@ -176,10 +189,18 @@ def test_a_taken_port_is_refused_before_the_model_loads(tmp_path):
 
 
 def test_a_model_that_cannot_load_fails_the_start_with_the_log(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
     from prime_core.cli.common import load_config
+    from prime_core.testing.chat import chat_tokenizer
     from prime_plugin_transformers.server import TransformersServer
 
-    (tmp_path / "not-a-model").mkdir()
+    folder = tmp_path / "not-a-model"  # passes the config's cheap checks; no architecture loads it
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    save_file({"weight": torch.zeros(2)}, str(folder / "model.safetensors"))
+    chat_tokenizer().save_pretrained(folder)
     config = load_config("inference", ["--model.name", str(tmp_path / "not-a-model"), "--backend", "transformers",
                                        "--server.port", str(free_port()), "--output-dir", str(tmp_path)])
     server = TransformersServer(config)

@@ -6,13 +6,13 @@ import sys
 
 import pytest
 import torch
-from prime_plugin_fp8 import gemm, plugin
 
 from prime_core import PLUGIN_API_VERSION
 from prime_core.config.checks import check, schema_for
 from prime_core.errors import PluginError
 from prime_core.plugins import PluginManager
 from prime_core.specs import Kernel
+from prime_plugin_fp8 import gemm, plugin
 
 KEYS = ["fp8_linear:auto", "fp8_linear:deep_gemm", "fp8_linear:emulated", "fp8_linear:torch"]
 
@@ -72,7 +72,8 @@ def test_kernel_impl_converts_a_model(manager):
     assert "fp8=emulated" in repr(model.model.layers[0].self_attn.q_proj)
 
 
-def test_satisfies_the_quantization_setting(manager):
+def test_satisfies_the_quantization_setting(manager, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # the default hub model may be downloaded: not this test's concern
     config = schema_for("trainer", manager).model_validate({"model": {"quantization": "fp8"}})
     assert check(config, "trainer", manager) == []
 

@@ -5,6 +5,7 @@ and leaves its logs where the README says."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -125,9 +126,10 @@ def test_multi_node_script_runs_torchrun_through_srun(slurm_cluster, sft_inputs,
 
 
 def test_a_failing_role_fails_the_job_and_names_itself(slurm_cluster, sft_inputs, tmp_path):
-    _, data = sft_inputs
-    broken = tmp_path / "broken-model"  # a folder (so the config loads) without a model in it
-    broken.mkdir()
+    model, data = sft_inputs
+    broken = tmp_path / "broken-model"  # passes the config's checks; no architecture loads it
+    shutil.copytree(model, broken)
+    (broken / "config.json").write_text("{}")  # no model_type
     config = write_config(tmp_path / "sft.toml", broken, data, job_name="prime-sft-fails")
     out = tmp_path / "out"
     job_id = submit(slurm_cluster, config, out)

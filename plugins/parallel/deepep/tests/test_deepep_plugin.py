@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
+import prime_plugin_deepep.plugin as plugin
 from prime_core import PLUGIN_API_VERSION
 from prime_core.errors import PluginError
 from prime_core.launch.plan import python_command
 from prime_core.plugins import PluginManager
-
-import prime_plugin_deepep.plugin as plugin
+from prime_core.testing import config_only_model
 
 pytest_plugins = ["prime_core.testing"]
 
@@ -117,7 +117,7 @@ def test_selecting_it_fails_with_the_reason(with_ep, plugin_manager):
 
 def test_config_validate_refuses_it(with_ep, prime_cli, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_experts": 8}))
+    config_only_model(tmp_path, model_type="qwen3_moe", num_experts=8)
     args = ["config", "validate", "--trainer.model.name", str(tmp_path), "--trainer.model.ep", "2",
             "--deployment.num_train_gpus", "2"]
     result = prime_cli(*args, "--trainer.model.ep_comm_backend", "deepep")

@@ -1,16 +1,15 @@
 """prime-plugin-ep in one process: what it registers, the config checks of trainer.model.ep,
 the errors of the strategy, and the torch backend's local path against the contract."""
 
-import json
 from types import SimpleNamespace
 
 import pytest
 
+import prime_plugin_ep.plugin as plugin
 from prime_core import PLUGIN_API_VERSION, hookimpl
 from prime_core.plugins import PluginManager
 from prime_core.specs import EPBackend
-
-import prime_plugin_ep.plugin as plugin
+from prime_core.testing import config_only_model
 
 pytest_plugins = ["prime_core.testing"]
 
@@ -41,10 +40,7 @@ def test_importing_the_plugin_stays_cheap():
 
 
 def _model_dir(tmp_path, name, **config):
-    folder = tmp_path / name
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(config))
-    return str(folder)
+    return str(config_only_model(tmp_path / name, **config))
 
 
 def _trainer_model(**keys):
