@@ -70,15 +70,19 @@ def listening(pids: set[int]) -> set[tuple[str, int]]:
 def test_one_node_torchrun_listens_on_loopback_only(tmp_path):
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
+    # a rank's variables left in this process by an earlier test would mislead torchrun's ranks
+    rank_vars = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in rank_vars and not k.startswith("TORCHELASTIC")}
     run = subprocess.Popen([*python_command(2), str(worker), "20"], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+                           stderr=subprocess.STDOUT, text=True, env=env)
     processes: set[int] = {run.pid}
     try:
-        ups = 0
+        ups, seen = 0, []
         deadline = time.monotonic() + 120
         while ups < 2:
             line = run.stdout.readline()
-            assert line and time.monotonic() < deadline, "the ranks did not come up"
+            seen.append(line)
+            assert line and time.monotonic() < deadline, "the ranks did not come up:\n" + "".join(seen[-40:])
             ups += line.startswith("up 2 127.0.0.1")
         processes = tree(run.pid)
         sockets = listening(processes)

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from prime_core.testing.contracts.inference_backend import InferenceBackendContract
-
-from prime_core.errors import PrimeError
 from prime_core.config.checks import schema_for
+from prime_core.errors import PrimeError
+from prime_core.testing.contracts.inference_backend import InferenceBackendContract
 
 KEY = "prime-test-key-4f1d2c"
 """The API key this module's server requires."""
@@ -236,14 +235,14 @@ def test_completions_n4_with_token_ids_and_logprobs(client, tiny):
 def test_logprobs_match_transformers(client, tiny):
     tokens, logprobs = greedy(client, tiny)
     reference = hf_logprobs(tiny, tokens)
-    assert max(abs(a - b) for a, b in zip(logprobs, reference)) < 1e-3, (logprobs, reference)
+    assert max(abs(a - b) for a, b in zip(logprobs, reference, strict=True)) < 1e-3, (logprobs, reference)
     # --logprobs-mode processed_logprobs: the logprobs of the distribution sampled from,
     # temperature applied.
     choice = complete(client, tiny, max_tokens=8, temperature=0.5, seed=3, logprobs=1, return_token_ids=True,
                       ignore_eos=True)["choices"][0]
     reference = hf_logprobs(tiny, choice["token_ids"], temperature=0.5)
     got = choice["logprobs"]["token_logprobs"]
-    assert max(abs(a - b) for a, b in zip(got, reference)) < 1e-3, (got, reference)
+    assert max(abs(a - b) for a, b in zip(got, reference, strict=True)) < 1e-3, (got, reference)
 
 
 def test_live_weight_update_changes_and_restores_outputs(client, admin, tiny, tmp_path):
@@ -254,13 +253,13 @@ def test_live_weight_update_changes_and_restores_outputs(client, admin, tiny, tm
     took = time.monotonic() - start
     tokens1, logprobs1 = greedy(client, tiny)
     assert (tokens1, logprobs1) != (tokens0, logprobs0), "the update changed nothing"
-    assert max(abs(a - b) for a, b in zip(logprobs1, hf_logprobs(noisy, tokens1))) < 1e-3, \
+    assert max(abs(a - b) for a, b in zip(logprobs1, hf_logprobs(noisy, tokens1), strict=True)) < 1e-3, \
         "the server does not compute with the new weights"
 
     admin.update_weights(tiny)
     tokens2, logprobs2 = greedy(client, tiny)
     assert tokens2 == tokens0
-    assert max(abs(a - b) for a, b in zip(logprobs2, logprobs0)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(logprobs2, logprobs0, strict=True)) < 1e-4
     assert took < 30
 
 
@@ -269,8 +268,8 @@ def trained_adapter(tiny: Path, out: Path, seed: int):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from prime_core.distributed import World
     from prime_core.config.checks import section_model
+    from prime_core.distributed import World
     from prime_plugin_lora.lora import apply
 
     torch.manual_seed(seed)
@@ -360,9 +359,10 @@ def test_client_samples_token_ids_with_the_logprobs_they_were_sampled_with(role,
         assert 1 <= len(sample.token_ids) <= 8 and len(sample.logprobs) == len(sample.token_ids)
         assert all(isinstance(t, int) for t in sample.token_ids) and all(lp <= 0 for lp in sample.logprobs)
         assert sample.finish_reason in ("stop", "length")
-    assert max(abs(a - b) for a, b in zip(greedy.logprobs, hf_logprobs(tiny, greedy.token_ids))) < 1e-3
+    assert max(abs(a - b) for a, b in zip(greedy.logprobs, hf_logprobs(tiny, greedy.token_ids), strict=True)) < 1e-3
     # temperature applied to the returned logprobs (the trainer's importance ratio needs it)
-    assert max(abs(a - b) for a, b in zip(warm.logprobs, hf_logprobs(tiny, warm.token_ids, temperature=0.5))) < 1e-3
+    warm_reference = hf_logprobs(tiny, warm.token_ids, temperature=0.5)
+    assert max(abs(a - b) for a, b in zip(warm.logprobs, warm_reference, strict=True)) < 1e-3
 
 
 def test_client_stops_at_a_stop_token_and_reports_why(role, tiny):
@@ -432,7 +432,8 @@ def test_client_loads_full_weights_and_rotates_lora_adapters(role, admin, tiny, 
 
     seen = run_async(go, VLLMClient(role.base_url, api_key=KEY), VLLMClient(role.base_url, api_key=KEY))
     assert seen["noisy"].token_ids != seen["base"].token_ids or seen["noisy"].logprobs != seen["base"].logprobs
-    assert max(abs(a - b) for a, b in zip(seen["noisy"].logprobs, hf_logprobs(noisy, seen["noisy"].token_ids))) < 1e-3
+    noisy_reference = hf_logprobs(noisy, seen["noisy"].token_ids)
+    assert max(abs(a - b) for a, b in zip(seen["noisy"].logprobs, noisy_reference, strict=True)) < 1e-3
     for step in (1, 2, 3):
         assert seen[f"note{step}"] == f"LoRA adapter {tiny}-lora-step-{step}"
         tokens, logprobs = seen[step].token_ids, seen[step].logprobs
@@ -503,7 +504,8 @@ def test_orchestrator_runs_on_a_backend_registered_in_process(role, admin, tiny,
         admin.update_weights(tiny)  # later tests expect the original weights
     assert [calls.count(("load_weights", u)) for u in urls] == [1, 1], "new weights on every replica"
     sampled = [u for kind, u in calls if kind == "sample"]
-    assert [sampled.count(u) for u in urls] == [1 + 4, 4], "the probe on the first, 2 steps x 4 groups round robin"
+    # each rollout is its own request (an episode): 2 steps x 4 groups x 2 rollouts, round robin
+    assert [sampled.count(u) for u in urls] == [1 + 8, 8], "the probe on the first, then alternating"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["weights_version"] == 1 for r in rows)
     batch = json.loads((out / "rollouts" / "step_1" / "batch.json").read_text())
