@@ -20,18 +20,8 @@ import json
 from pathlib import Path
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 32768])
-    parser.add_argument("--samples", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-
+def attention_kernels() -> dict:
+    """The kernels compared: SDPA's backends one sample at a time, and the registered ones."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -64,9 +54,26 @@ def main() -> int:
             return kernel(q, k, v, Packing.from_position_ids(positions), scale)
         return run
 
-    kernels = {"sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
-               "sdpa_efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION), "torch_varlen": registered("torch_flash"),
-               "torch_fused": registered("torch_fused")}
+    return {"sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+            "sdpa_efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION), "torch_varlen": registered("torch_flash"),
+            "torch_fused": registered("torch_fused")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 32768])
+    parser.add_argument("--samples", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    import torch
+
+    kernels = attention_kernels()
     device = torch.device("cuda")
     results = []
     for tokens in args.tokens:
@@ -90,7 +97,8 @@ def main() -> int:
                     got = [out.detach().float()] + [t.grad.float() for t in leaves]
                     if reference is None:
                         reference = got
-                    record["max_diff_vs_sdpa_flash"] = max(float((a - b).abs().max()) for a, b in zip(got, reference))
+                    record["max_diff_vs_sdpa_flash"] = max(float((a - b).abs().max())
+                                                           for a, b in zip(got, reference, strict=True))
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     torch.cuda.synchronize()
                     start.record()

@@ -72,9 +72,9 @@ def lm_head_impls():
         "fused_triton": lambda h, w, t: triton_impl.fused_logprobs(h, w, t, token_chunk="auto")[0],
     }
     try:
-        from prime_plugin_liger.lm_head import liger_logprobs
-
         import liger_kernel  # noqa: F401
+
+        from prime_plugin_liger.lm_head import liger_logprobs
 
         impls["liger"] = lambda h, w, t: liger_logprobs(h, w, t, token_chunk="auto", with_entropy=False)[0]
     except ImportError:

@@ -109,9 +109,9 @@ def worker(args) -> int:
 
     from prime_core import distributed
     from prime_core.bench import BenchConfig, BenchMeter
+    from prime_core.config.checks import schema_for
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer.build import start_training
-    from prime_core.config.checks import schema_for
     from prime_core.trainer.fake import FakeDataConfig
 
     world = distributed.init()
@@ -125,7 +125,8 @@ def worker(args) -> int:
             model.update(MEMORY_TIGHT, cp_style=args.style)
         model.update(ep=args.ep)
         label = {"kind": "moe", "model": name,
-                 "config": (f"ep{args.ep}" if args.ep > 1 else "fsdp") + ("-tight" if args.recipe == "memory-tight" else "")}
+                 "config": (f"ep{args.ep}" if args.ep > 1 else "fsdp")
+                 + ("-tight" if args.recipe == "memory-tight" else "")}
     else:
         model.update(cp=args.cp, cp_style=args.style, ac={"freq": 1})
         label = {"kind": "cp", "config": f"cp{args.cp}-{args.style}" if args.cp > 1 else "cp1"}
@@ -164,7 +165,8 @@ def worker(args) -> int:
                 f"peak {record['peak_memory_gib']:.1f} GiB"
                 + (f", all-to-all {100 * record['all_to_all_share']:.1f} % of GPU time"
                    if "all_to_all_share" in record else ""))
-            print(f"{label['kind']} {label.get('model', '')} ({record['params'] / 1e9:.1f}B) {label['config']} seq {seq_len} "
+            print(f"{label['kind']} {label.get('model', '')} ({record['params'] / 1e9:.1f}B) {label['config']} "
+                  f"seq {seq_len} "
                   f"on {world.size}: {shown}", flush=True)
         import gc
 
@@ -200,7 +202,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=("moe", "cp", "table"))
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--model-root", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "prime-bench-models")
+    parser.add_argument("--model-root", type=Path,
+                        default=Path(os.environ.get("TMPDIR", "/tmp")) / "prime-bench-models")
     parser.add_argument("--ep", type=int, default=1)
     parser.add_argument("--shape", choices=tuple(SHAPES), default="moe", help="moe: the MoE model's shape")
     parser.add_argument("--layers", type=int, help="moe: this many layers of the shape")

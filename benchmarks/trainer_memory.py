@@ -90,9 +90,9 @@ def worker(args) -> int:
 
     from prime_core import distributed
     from prime_core.bench import BenchConfig, BenchMeter
+    from prime_core.config.checks import schema_for
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer.build import start_training
-    from prime_core.config.checks import schema_for
     from prime_core.trainer.fake import FakeDataConfig
 
     knob = ALL_KNOBS if args.knob == "all" else KNOBS[args.knob]
@@ -121,8 +121,9 @@ def worker(args) -> int:
         if world.main:
             with open(args.out / "results.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
-            shown = "OOM" if record.get("oom") else (f"{record['tokens_per_s']:,.0f} tok/s, MFU "
-                                                    f"{100 * record['mfu']:.1f} %, peak {record['peak_memory_gib']:.1f} GiB")
+            shown = "OOM" if record.get("oom") else (
+                f"{record['tokens_per_s']:,.0f} tok/s, MFU {100 * record['mfu']:.1f} %, "
+                f"peak {record['peak_memory_gib']:.1f} GiB")
             print(f"{args.kind} {args.knob} seq {seq_len}: {shown}", flush=True)
         import gc
 
@@ -143,9 +144,9 @@ def profile(args) -> int:
 
     from prime_core import distributed
     from prime_core.bench import synchronize
+    from prime_core.config.checks import schema_for
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer.build import start_training
-    from prime_core.config.checks import schema_for
     from prime_core.trainer.fake import FakeDataConfig, fake_batch
     from prime_core.trainer.step import forward_backward
 
@@ -176,14 +177,14 @@ def profile(args) -> int:
         synchronize(world.device)
         marks.append(time.perf_counter())
         if times is not None:
-            times.append([b - a for a, b in zip(marks, marks[1:])])
+            times.append([b - a for a, b in zip(marks, marks[1:], strict=False)])
 
     for _ in range(2):
         step()
     times: list = []
     for _ in range(3):
         step(times)
-    for name, column in zip(("forward+backward", "clip", "optimizer"), zip(*times)):
+    for name, column in zip(("forward+backward", "clip", "optimizer"), zip(*times, strict=True), strict=True):
         print(f"profile {args.knob} seq {args.seq_len}: {name} {1000 * sum(column) / len(column):.1f} ms", flush=True)
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -237,7 +238,8 @@ def kernel_shares(averages) -> str:
 
 
 def spawn(args, knob: str, seq_lens: list[int], kind: str, extra: list[str] = ()) -> None:
-    command = [sys.executable, __file__, "worker", *(["--tiny"] if args.tiny else []), "--knob", knob, "--kind", kind, "--out", str(args.out),
+    command = [sys.executable, __file__, "worker", *(["--tiny"] if args.tiny else []), "--knob", knob, "--kind", kind,
+               "--out", str(args.out),
                "--model-dir", str(args.model_dir), "--warmup", str(args.warmup), "--steps", str(args.steps),
                "--samples-per-rank", str(args.samples_per_rank), "--seq-lens", *map(str, seq_lens), *extra]
     with open(args.out / f"{kind}-{knob}.log", "w") as log:

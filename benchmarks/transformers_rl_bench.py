@@ -88,7 +88,9 @@ def run_config(args: argparse.Namespace, async_level: int, gpu: bool) -> str:
     ]
     if gpu:
         share = args.gpus == 1
-        lines += ["[deployment]", "inference_gpu_ids = [0]", f"trainer_gpu_ids = [{0 if share else 1}]", ""]
+        first = args.first_gpu
+        trainer = first if share else first + 1
+        lines += ["[deployment]", f"inference_gpu_ids = [{first}]", f"trainer_gpu_ids = [{trainer}]", ""]
     return "\n".join(lines)
 
 
@@ -221,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--async-levels", nargs="+", type=int, default=[1, 0])
     parser.add_argument("--gpus", type=int, default=1, choices=[1, 2], help="1: inference and trainer share GPU 0; "
                                                                             "2: inference on 0, trainer on 1")
+    parser.add_argument("--first-gpu", type=int, default=0,
+                        help="the GPU id inference takes (the trainer's is it, or the next with --gpus 2): two runs "
+                             "side by side on one host")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--skip", type=int, default=3, help="start-up steps left out of the figures")
     parser.add_argument("--batch-size", type=int, default=256)

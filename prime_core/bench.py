@@ -56,7 +56,8 @@ def device_description(device) -> str:
 
     if getattr(device, "type", device) == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+    cpu = platform.processor() or platform.machine()
+    return f"CPU ({cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} threads)"
 
 
 def peak_flops(device, dtype: str) -> tuple[float, str]:
@@ -142,7 +143,8 @@ def peak_memory(device) -> tuple[float, float]:
     import torch
 
     if getattr(device, "type", device) == "cuda":
-        return float(torch.cuda.max_memory_allocated(device)), float(torch.cuda.get_device_properties(device).total_memory)
+        total = torch.cuda.get_device_properties(device).total_memory
+        return float(torch.cuda.max_memory_allocated(device)), float(total)
     import resource
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0

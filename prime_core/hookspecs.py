@@ -26,8 +26,8 @@ from prime_core.specs import (
     Algorithm,
     CliCommand,
     ConfigSection,
-    EPBackend,
     Environment,
+    EPBackend,
     InferenceBackend,
     Kernel,
     Launcher,
@@ -117,9 +117,10 @@ def prime_ep_backends() -> Iterable[EPBackend]:
 def prime_kernels() -> Iterable[Kernel]:
     """Provide op implementations, registered as ``op:name``.
 
-    Called when the trainer builds its model: the model implementation looks kernels up by op (``lm_head``, ``rmsnorm``, ``attention``,
-    ``fp8_linear``). ``available()`` explains why a kernel cannot run here (no GPU, missing
-    package); an explicit choice then fails with that reason and ``auto`` falls back.
+    Called when the trainer builds its model: the model implementation looks kernels up by op
+    (``lm_head``, ``rmsnorm``, ``attention``, ``fp8_linear``). ``available()`` explains why a
+    kernel cannot run here (no GPU, missing package); an explicit choice then fails with that
+    reason and ``auto`` falls back.
 
     Example::
 

@@ -35,7 +35,8 @@ def _kinds(name: str) -> dict[str, dict[str, str]]:
             "noun": "environment", "hook": "prime_environments", "code": "env", "registry": "environments",
             "root": "orchestrator", "select": _tokens("--env", json.dumps([{"id": name}])),
             "select_typo": _tokens("--env", json.dumps([{"id": name + "x"}])),
-            "usage": f'Train on it:\n\n    [[orchestrator.env]]\n    id = "{name}"\n    args = {{ min_len = 3, max_len = 8 }}'},
+            "usage": (f'Train on it:\n\n    [[orchestrator.env]]\n    id = "{name}"\n'
+                      "    args = { min_len = 3, max_len = 8 }")},
         "monitor": {
             "noun": "monitor", "hook": "prime_monitors, prime_config_sections", "code": "monitor",
             "usage": f"Switch it on per role:\n\n    [trainer.{name}]\n    every = 1\n\n    [orchestrator.{name}]"},
@@ -48,7 +49,8 @@ def _kinds(name: str) -> dict[str, dict[str, str]]:
             "key": f"swiglu:{name}",
             "select": _tokens("--model.kernels", json.dumps({"swiglu": name})),
             "select_typo": _tokens("--model.kernels", json.dumps({"swiglu": name + "x"})),
-            "usage": f'Use it in native models:\n\n    [trainer.model]\n    impl = "custom"\n    kernels = {{ swiglu = "{name}" }}'},
+            "usage": ('Use it in native models:\n\n    [trainer.model]\n    impl = "custom"\n'
+                      f'    kernels = {{ swiglu = "{name}" }}')},
         "model_impl": {
             "noun": "model implementation", "hook": "prime_model_impls", "code": "model", "registry": "model_impls",
             "root": "trainer", "select": _tokens("--model.impl", name),

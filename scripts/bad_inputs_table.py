@@ -112,6 +112,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=45)
     args = parser.parse_args()
     import test_bad_inputs as suite
+
     from prime_plugin_hf.tiny import build_tiny
 
     with tempfile.TemporaryDirectory() as tmp:

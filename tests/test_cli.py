@@ -6,7 +6,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 import typer
 
 from prime_core import hookimpl

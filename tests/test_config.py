@@ -223,7 +223,8 @@ def test_seed_values_land_where_documented():
     assert load_rl(SEEDS / "optim_offload_legacy.toml").trainer.model.optim_cpu_offload is True
     multi = load_rl(SEEDS / "multinode_rl.toml").deployment
     assert (multi.type, multi.num_train_nodes, multi.nodes_per_fsdp_group) == ("multi_node", 2, 1)
-    assert load_rl("--deployment.num-infer-gpus", "6", "--deployment.num-train-gpus", "2").deployment.type == "single_node"
+    split = load_rl("--deployment.num-infer-gpus", "6", "--deployment.num-train-gpus", "2")
+    assert split.deployment.type == "single_node"
 
 
 def test_shared_model_propagates_unless_a_role_overrides(tmp_path):

@@ -32,7 +32,8 @@ def loss(fn):
 
 
 @pytest.mark.parametrize(("fn", "message"), [
-    (lambda r: [(x - statistics.mean(r)) / statistics.pstdev(r) for x in r], "raised ZeroDivisionError for the rewards \\[1.0\\]"),
+    (lambda r: [(x - statistics.mean(r)) / statistics.pstdev(r) for x in r],
+     "raised ZeroDivisionError for the rewards \\[1.0\\]"),
     (lambda r: [x - statistics.mean(r) for x in r[:-1]], "rewards gave .* advantages"),
     (lambda r: [x - r[0] for x in r], "did not permute"),
 ])

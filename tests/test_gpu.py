@@ -1,6 +1,7 @@
 """GPU paths that CPU tests cannot reach: pinned optimizer-state offload, activation offload
 on a side stream, the chunked log-probabilities on bf16 logits, and FSDP with NCCL against a
-single eager process, expert and context parallelism with NCCL. Marked ``gpu``: skipped (with the reason) where there is no CUDA device."""
+single eager process, expert and context parallelism with NCCL. Marked ``gpu``: skipped (with
+the reason) where there is no CUDA device."""
 
 import pytest
 
@@ -24,7 +25,8 @@ def test_optimizer_state_offload_matches_and_lives_in_pinned_memory():
     from prime_core.trainer.optim import build_optimizer
 
     plain, offloaded = _model("cuda"), _model("cuda")
-    opts = [build_optimizer(plain, OptimConfig(lr=1e-3)), build_optimizer(offloaded, OptimConfig(lr=1e-3), cpu_offload=True)]
+    opts = [build_optimizer(plain, OptimConfig(lr=1e-3)),
+            build_optimizer(offloaded, OptimConfig(lr=1e-3), cpu_offload=True)]
     ids = torch.randint(0, 1000, (1, 64), device="cuda")
     for _ in range(3):
         for model, opt in zip((plain, offloaded), opts, strict=True):
@@ -43,10 +45,10 @@ def test_sharded_optimizer_state_stays_off_the_gpu_between_steps(tmp_path):
     import torch
 
     from prime_core import distributed
+    from prime_core.config.checks import section_model
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer import ckpt
     from prime_core.trainer.build import build_policy
-    from prime_core.config.checks import section_model
     from prime_core.trainer.config import OptimConfig
     from prime_core.trainer.optim import build_optimizer
 
@@ -84,7 +86,8 @@ def test_activation_offloading_copies_to_pinned_memory_and_keeps_gradients():
     ids = torch.randint(0, 1000, (1, 2048), device="cuda")
     plain = _model("cuda")
     plain(ids, labels=ids).loss.backward()
-    model = offloading.apply(_model("cuda"), config=section_model("trainer", "model")(ac_offloading={"max_inflight_activations": 2}))
+    config = section_model("trainer", "model")(ac_offloading={"max_inflight_activations": 2})
+    model = offloading.apply(_model("cuda"), config=config)
     offloader = model.model.layers[0]._offloader
     packed = []
     pack = offloader.pack
@@ -116,11 +119,12 @@ def test_chunked_logprobs_on_bf16_logits():
 
 def test_fsdp_with_nccl_matches_one_eager_process(tmp_path):
     import torch
-    from prime_plugin_hf.tiny import build_tiny
 
     from prime_core.parity import TINY, check
+    from prime_plugin_hf.tiny import build_tiny
 
-    cases = [{"name": "fsdp", "model": {"impl": "hf"}}, {"name": "ac_offload", "model": {"impl": "hf", "ac": {}, "ac_offloading": {}}},
+    cases = [{"name": "fsdp", "model": {"impl": "hf"}},
+             {"name": "ac_offload", "model": {"impl": "hf", "ac": {}, "ac_offloading": {}}},
              {"name": "optim_offload", "model": {"impl": "hf", "optim_cpu_offload": True}}]
     processes = min(2, torch.cuda.device_count())
     results = check(build_tiny(tmp_path / "tiny", **TINY), tmp_path / "out", cases, processes=processes,
@@ -140,9 +144,8 @@ def _devices(n: int) -> int:
 @pytest.mark.parametrize("processes", [2, 4])
 def test_expert_and_context_parallel_with_nccl_match_one_eager_process(tmp_path, processes):
     """EP, ring and ulysses CP (and EP × CP on 4 GPUs), each with FSDP, on NCCL."""
-    from prime_plugin_hf.tiny import build_tiny
-
     from prime_core.parity import TINY, check
+    from prime_plugin_hf.tiny import build_tiny
 
     _devices(processes)
     custom = {"impl": "custom"}

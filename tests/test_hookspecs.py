@@ -78,5 +78,6 @@ def test_lazy_references_import_on_first_read_and_fail_clearly():
         specs.Kernel(op="a", name="b", impl="no_colon_here")
     broken = specs.Kernel(op="a", name="b", impl="prime_no_such_module:fn")
     with pytest.raises(PluginError, match="cannot load 'prime_no_such_module:fn'"):
-        broken.impl
-    assert "cannot load" in specs.EPBackend(name="x", make=print, available="prime_no_such_module:f").unavailable_reason()
+        _ = broken.impl  # resolved on first use
+    backend = specs.EPBackend(name="x", make=print, available="prime_no_such_module:f")
+    assert "cannot load" in backend.unavailable_reason()

@@ -1,7 +1,7 @@
 """Native models under FSDP alone and under expert and context parallelism combined (each
 strategy alone runs its plugin's contract suite), match one eager process over several
-optimizer steps (gloo; 2 and 4 processes), on packed rows of uneven samples. Tolerances: losses within 1e-4 relative + 2e-5 absolute, final weights within
-2e-5 absolute (float32).
+optimizer steps (gloo; 2 and 4 processes), on packed rows of uneven samples. Tolerances:
+losses within 1e-4 relative + 2e-5 absolute, final weights within 2e-5 absolute (float32).
 
 Each case builds the model through the core's build order, trains ``parity.STEPS`` AdamW
 steps on the same variable-length packed batches and publishes its full weights (experts

@@ -140,7 +140,8 @@ def test_lora_rl_serves_each_adapter_and_learns(warm_model, tmp_path):
     # one float32 process: FSDP would have nothing to do there, so only LoRA wraps the model
     assert "strategies lora, steps 1" in (out / "logs" / "trainer.log").read_text()
     assert f"as LoRA adapter {warm_model}-lora-step-" in (out / "logs" / "orchestrator.log").read_text()
-    assert abs(trainer[0]["mismatch_kl"]) < 1e-3, f"vLLM's adapter and the trainer disagree: {trainer[0]['mismatch_kl']}"
+    kl = trainer[0]["mismatch_kl"]
+    assert abs(kl) < 1e-3, f"vLLM's adapter and the trainer disagree: {kl}"
     versions = [r["weights_version"] for r in orchestrator]
     assert versions[-1] >= steps - 3
     probes = {r["weights_version"]: r["probe_logprob"] for r in orchestrator}

@@ -86,15 +86,13 @@ def test_sft_on_two_processes_logs_per_rank_and_resumes_on_one(tiny, tmp_path):
     final = load_file(out / "model" / "model.safetensors")
 
     # One process loads the 2-process checkpoint: its weights are the ones the run ended with.
-    from prime_core.distributed import World
+    from prime_core.config.checks import section_model
+    from prime_core.distributed import World, shutdown
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer import ckpt
     from prime_core.trainer.build import build_policy, full_state_dict
-    from prime_core.config.checks import section_model
     from prime_core.trainer.config import OptimConfig
     from prime_core.trainer.optim import build_optimizer
-
-    from prime_core.distributed import shutdown
 
     world = World(device=torch.device("cpu"))
     try:

@@ -17,7 +17,6 @@ from prime_core.config.schema import build_schema
 from prime_core.errors import PluginError, did_you_mean
 from prime_core.plugins import REGISTRIES, PluginManager, get_plugin_manager
 
-
 _BUILDING = threading.Lock()
 """One schema build at a time: pydantic parses class sources to read attribute docstrings, and
 CPython 3.11's parser is not safe when two threads do that at once (SystemError)."""

@@ -41,7 +41,8 @@ class ClientConfig(ApiKeyRef):
 class SamplingConfig(Section):
     temperature: float = Field(default=1.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    max_tokens: int | None = Field(default=None, ge=1, validation_alias=AliasChoices("max_tokens", "max_completion_tokens"))
+    max_tokens: int | None = Field(default=None, ge=1,
+                                   validation_alias=AliasChoices("max_tokens", "max_completion_tokens"))
     """Most tokens per completion; unset = up to ``seq_len``."""
     seed: int | None = None
 
@@ -110,7 +111,8 @@ class OrchestratorConfig(Section):
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     batch_size: int = Field(default=128, ge=1)
     """Samples per training step."""
-    rollouts_per_example: int = Field(default=8, ge=1, validation_alias=AliasChoices("rollouts_per_example", "group_size"))
+    rollouts_per_example: int = Field(default=8, ge=1,
+                                      validation_alias=AliasChoices("rollouts_per_example", "group_size"))
     """Completions sampled per prompt (a GRPO group); ``group_size`` is accepted too."""
     max_off_policy_steps: int = Field(default=8, ge=0)
     """Samples from a policy older than this many steps are dropped."""

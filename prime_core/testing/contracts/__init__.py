@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import importlib
 import os
-from stat import S_ISREG
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any, ClassVar
 
 import pytest

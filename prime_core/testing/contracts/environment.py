@@ -248,7 +248,7 @@ def check_scores(env, tasks, completions=COMPLETIONS, reward_range: tuple[float,
     except Exception as exc:
         raise ContractError(f"score() raised {type(exc).__name__}: {exc}; a completion it cannot parse earns a low "
                             "reward instead") from exc
-    for (task, completion), reward in zip(pairs, serial, strict=True):
+    for (_task, completion), reward in zip(pairs, serial, strict=True):
         shown = f"score(task, {completion!r:.40})"
         expect(isinstance(reward, numbers.Real) and not isinstance(reward, bool),
                f"{shown} returned {type(reward).__name__}, not a real number")

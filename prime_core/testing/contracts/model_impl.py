@@ -206,7 +206,8 @@ def check_state_dict_names(spec, config, folder: Path, scratch: Path) -> None:
     model.save_pretrained(scratch, state_dict=state, safe_serialization=True)
     written = checkpoint_tensors(scratch)
     expect(set(written) == set(saved), f"model impl '{spec.name}': save_pretrained(state_dict=model.state_dict()) "
-                                       f"writes other names than the checkpoint: {sorted(set(written) ^ set(saved))[:5]}")
+                                       "writes other names than the checkpoint: "
+                                       f"{sorted(set(written) ^ set(saved))[:5]}")
     different = [n for n in saved if not torch.equal(written[n], saved[n])]
     expect(not different, f"model impl '{spec.name}': tensors that differ from the checkpoint: {different[:5]}")
     adapter = spec.state_dict_adapter
@@ -218,7 +219,8 @@ def check_state_dict_names(spec, config, folder: Path, scratch: Path) -> None:
     expect(names == set(saved), f"model impl '{spec.name}': state_dict_adapter.to_hf gives other names than the "
                                 f"checkpoint's: {sorted(names ^ set(saved))[:5]}")
     different = [n for n in saved if not torch.equal(hf[n].to(saved[n].dtype), saved[n])]
-    expect(not different, f"model impl '{spec.name}': state_dict_adapter.to_hf puts other tensors under {different[:5]}")
+    expect(not different,
+           f"model impl '{spec.name}': state_dict_adapter.to_hf puts other tensors under {different[:5]}")
     back = adapter.from_hf(hf)
     expect(set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in state),
            f"model impl '{spec.name}': state_dict_adapter.from_hf(to_hf(state)) is not the state dict")

@@ -188,8 +188,9 @@ def check_adapter(spec, model, output_dir: Path) -> None:
     from prime_core.weights import Adapter, is_adapter
 
     generator = torch.Generator().manual_seed(0)
-    tensors = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.randn(4, 32, generator=generator),
-               "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.randn(32, 4, generator=generator)}
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    tensors = {f"{prefix}.lora_A.weight": torch.randn(4, 32, generator=generator),
+               f"{prefix}.lora_B.weight": torch.randn(32, 4, generator=generator)}
     config = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}
     publisher, loader = make_pair(spec, output_dir)
     publisher.publish(model, 1, Adapter(tensors, config))

@@ -71,24 +71,14 @@ def sft_data(
     typer.echo(f"wrote {written} examples from {len(tasks)} tasks to {out}")
 
 
-def _reverse_text(**args):
-    from prime_plugin_tasks.reverse_text import ReverseText
-
-    return ReverseText(**args)
-
-
-def _arithmetic(**args):
-    from prime_plugin_tasks.arithmetic import Arithmetic
-
-    return Arithmetic(**args)
-
-
 @hookimpl
 def prime_environments():
     return [
-        Environment(name="reverse_text", load=_reverse_text, args="prime_plugin_tasks.args:ReverseTextArgs",
+        Environment(name="reverse_text", load="prime_plugin_tasks.reverse_text:ReverseText",
+                    args="prime_plugin_tasks.args:ReverseTextArgs",
                     description="reverse a random string", aliases=("reverse-text",)),
-        Environment(name="arithmetic", load=_arithmetic, args="prime_plugin_tasks.args:ArithmeticArgs",
+        Environment(name="arithmetic", load="prime_plugin_tasks.arithmetic:Arithmetic",
+                    args="prime_plugin_tasks.args:ArithmeticArgs",
                     description="add random integers"),
         Environment(name="calculator", load="prime_plugin_tasks.calculator:Calculator",
                     args="prime_plugin_tasks.args:CalculatorArgs",

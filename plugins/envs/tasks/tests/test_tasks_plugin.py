@@ -63,7 +63,8 @@ def test_sft_data_command(register_plugin, prime_cli, tmp_path):
 
     register_plugin(plugin, name="tasks")
     out = tmp_path / "sft.jsonl"
-    result = prime_cli("envs", "sft-data", "reverse_text", str(out), "--n", "5", "--args", '{"min_len": 4, "max_len": 4}')
+    result = prime_cli("envs", "sft-data", "reverse_text", str(out), "--n", "5",
+                       "--args", '{"min_len": 4, "max_len": 4}')
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 5

@@ -13,8 +13,8 @@ import pytest
 
 import prime_plugin_vllm.plugin as plugin
 from prime_core import PLUGIN_API_VERSION, hookimpl
-from prime_core.errors import PluginError, PrimeError
 from prime_core.config.checks import schema_for
+from prime_core.errors import PluginError, PrimeError
 from prime_core.plugins import PluginManager
 from prime_core.specs import InferenceBackend
 from prime_plugin_vllm.server import CPU_KV_CACHE_BYTES, VLLMServer, option_argv
@@ -401,9 +401,8 @@ def test_backend_is_registered_with_lazy_references_and_priority():
 
 
 def test_client_request_body_carries_every_sampling_field():
-    from prime_plugin_vllm.client import VLLMClient
-
     from prime_core.inference.client import SampleRequest
+    from prime_plugin_vllm.client import VLLMClient
 
     request = SampleRequest(prompt_ids=[5, 6], n=3, max_tokens=7, temperature=0.5, top_p=0.9,
                             stop_token_ids=[2], seed=11, session_id="s")
@@ -425,9 +424,8 @@ def test_client_refuses_an_answer_without_token_ids():
 def test_client_of_an_unreachable_server():
     import asyncio
 
-    from prime_plugin_vllm.client import VLLMClient
-
     from prime_core.inference.client import SampleRequest
+    from prime_plugin_vllm.client import VLLMClient
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

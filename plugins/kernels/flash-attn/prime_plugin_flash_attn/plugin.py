@@ -56,12 +56,14 @@ def torch_flash_unavailable() -> str | None:
     import torch
 
     if not torch.cuda.is_available():
-        return "torch's flash-attention kernel needs a CUDA GPU and torch sees none here; use trainer.model.attn = 'sdpa'"
+        return ("torch's flash-attention kernel needs a CUDA GPU and torch sees none here; "
+                "use trainer.model.attn = 'sdpa'")
     if not hasattr(torch.ops.aten, "_flash_attention_forward"):
         return f"torch {torch.__version__} has no aten._flash_attention_forward (built without flash attention)"
     major, _ = torch.cuda.get_device_capability()
     if major < 8:
-        return f"torch's flash-attention kernel needs an Ampere or newer GPU (compute capability 8.0+), this one is {major}.x"
+        return (f"torch's flash-attention kernel needs an Ampere or newer GPU (compute capability 8.0+), "
+                f"this one is {major}.x")
     return None
 
 
@@ -87,10 +89,12 @@ def prime_kernels():
         Kernel(op="attention", name="flash_attention_3", impl="prime_plugin_flash_attn.varlen:flash_attention_3",
                available=flash_attention_3_unavailable, reference=reference,
                description="flash-attention 3 (Hopper) varlen over a packed row's samples (bf16/fp16, GQA)"),
-        Kernel(op="attention", name="torch_flash", impl="prime_plugin_flash_attn.torch_kernels:torch_flash", available=torch_flash_unavailable,
-               reference=reference,
-               description="torch's bundled flash-attention 2 varlen kernel: one call per packed row, no extra package"),
-        Kernel(op="attention", name="torch_fused", impl="prime_plugin_flash_attn.torch_kernels:torch_fused", available=torch_fused_unavailable,
-               reference=reference,
-               description="torch's bundled kernels, fastest per row: cuDNN for one sample, flash varlen for packed rows"),
+        Kernel(op="attention", name="torch_flash", impl="prime_plugin_flash_attn.torch_kernels:torch_flash",
+               available=torch_flash_unavailable, reference=reference,
+               description="torch's bundled flash-attention 2 varlen kernel: one call per packed row, "
+                           "no extra package"),
+        Kernel(op="attention", name="torch_fused", impl="prime_plugin_flash_attn.torch_kernels:torch_fused",
+               available=torch_fused_unavailable, reference=reference,
+               description="torch's bundled kernels, fastest per row: cuDNN for one sample, "
+                           "flash varlen for packed rows"),
     ]

@@ -4,9 +4,9 @@ the plugin's own reason where its package is missing (or there is no GPU)."""
 
 import pytest
 import torch
-from prime_plugin_flash_attn import plugin
 
 from prime_core.trainer.packing import Packing
+from prime_plugin_flash_attn import plugin
 
 pytestmark = pytest.mark.gpu
 
@@ -64,10 +64,9 @@ def test_flash_attention_3_matches_sdpa(lengths, heads, kv_heads, dim):
 def test_native_model_on_flash_attention_2_matches_sdpa(tmp_path):
     from types import SimpleNamespace
 
+    from prime_core.plugins import PluginManager, set_plugin_manager
     from prime_plugin_custom.build import build
     from prime_plugin_custom.tiny import save_tiny
-
-    from prime_core.plugins import PluginManager, set_plugin_manager
 
     folder = save_tiny(tmp_path / "qwen3", "Qwen3ForCausalLM", head_dim=64)
     set_plugin_manager(PluginManager(autoload=True, disabled=()).load())
@@ -108,7 +107,8 @@ def test_torch_flash_matches_sdpa(lengths, heads, kv_heads, dim, dtype):
 
 @TORCH_FUSED
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize(("lengths", "heads", "kv_heads", "dim"), ROWS + [([4096], 16, 8, 128), ([1, 4095], 16, 8, 128)])
+@pytest.mark.parametrize(("lengths", "heads", "kv_heads", "dim"),
+                         ROWS + [([4096], 16, 8, 128), ([1, 4095], 16, 8, 128)])
 def test_torch_fused_matches_sdpa(lengths, heads, kv_heads, dim, dtype):
     _check_against_sdpa(_torch_kernel("torch_fused"), lengths, heads, kv_heads, dim, dtype)
 

@@ -11,13 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from prime_plugin_flash_attn import plugin, torch_kernels, varlen
-from prime_plugin_flash_attn.varlen import cu_seqlens, flash_attention_2, flash_attention_3
 
 from prime_core import PLUGIN_API_VERSION
 from prime_core.errors import PluginError
 from prime_core.plugins import PluginManager, set_plugin_manager
 from prime_core.trainer.packing import Packing, cp_indices
+from prime_plugin_flash_attn import plugin, torch_kernels, varlen
+from prime_plugin_flash_attn.varlen import cu_seqlens, flash_attention_2, flash_attention_3
 
 pytest_plugins = ["prime_core.testing"]
 
@@ -140,7 +140,8 @@ def test_cu_seqlens_refuses_a_context_parallel_subset():
 
 def test_without_flash_attention_the_reasons_name_the_fix(no_flash):
     fa2, fa3 = plugin.flash_attention_2_unavailable(), plugin.flash_attention_3_unavailable()
-    assert fa2.startswith("flash_attn is not installed (flash-attention 2): pip install flash-attn --no-build-isolation")
+    assert fa2.startswith("flash_attn is not installed (flash-attention 2): "
+                          "pip install flash-attn --no-build-isolation")
     assert fa3.startswith("flash_attn_interface is not installed (flash-attention 3): build it from the hopper/")
 
 
@@ -160,7 +161,8 @@ def test_torch_flash_on_a_pre_ampere_gpu(monkeypatch):
 def test_torch_fused_marks_one_sample_rows_once():
     from prime_plugin_flash_attn.torch_kernels import single_sample
 
-    one, packed = (Packing.from_position_ids(torch.cat([torch.arange(n) for n in lengths])) for lengths in ([9], [4, 5]))
+    one, packed = (Packing.from_position_ids(torch.cat([torch.arange(n) for n in lengths]))
+                   for lengths in ([9], [4, 5]))
     torch_kernels.torch_fused.prepare(one)
     torch_kernels.torch_fused.prepare(packed)
     assert (single_sample(one), single_sample(packed)) == (True, False)

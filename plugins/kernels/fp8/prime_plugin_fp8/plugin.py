@@ -42,7 +42,8 @@ def _unavailable(name: str) -> str | None:
 
 @hookimpl
 def prime_config_sections():
-    return [ConfigSection(name="trainer.model", model="prime_plugin_fp8.config:FP8Keys", merge=True, roots=("rl", "sft"))]
+    return [ConfigSection(name="trainer.model", model="prime_plugin_fp8.config:FP8Keys", merge=True,
+                          roots=("rl", "sft"))]
 
 
 @hookimpl

@@ -10,6 +10,7 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+
 from prime_plugin_fp8 import gemm
 from prime_plugin_fp8.linear import fp8_linear
 from prime_plugin_fp8.quant import quantize_blocks, quantize_rows

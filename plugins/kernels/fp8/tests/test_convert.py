@@ -4,11 +4,12 @@ names stay, and the converted model computes (and trains) like the original with
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from prime_plugin_custom.model import CausalLM
 from prime_plugin_custom.tiny import randomise, tiny_config
 from prime_plugin_fp8.convert import TARGETS, convert
 from prime_plugin_fp8.linear import FP8Linear
-from torch import nn
 
 ARCHITECTURES = ["Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"]
 

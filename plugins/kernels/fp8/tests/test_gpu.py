@@ -6,6 +6,7 @@ Written for one H200 (SM90); the whole file takes well under a minute there."""
 import pytest
 import torch
 import torch.nn.functional as F
+
 from prime_plugin_fp8 import gemm
 from prime_plugin_fp8.linear import fp8_linear
 from prime_plugin_fp8.quant import quantize_blocks, quantize_rows

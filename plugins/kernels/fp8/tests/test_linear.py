@@ -3,6 +3,7 @@ per-K-chunk ``_scaled_mm`` path against the emulated one, and backend selection.
 
 import pytest
 import torch
+
 from prime_plugin_fp8 import gemm as gemms
 from prime_plugin_fp8.linear import FP8Linear, fp8_linear
 from prime_plugin_fp8.quant import dequantize_blocks, dequantize_rows, quantize_blocks, quantize_rows

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from prime_plugin_fp8.quant import FP8, dequantize_blocks, dequantize_rows, padded, quantize_blocks, quantize_rows
 
 

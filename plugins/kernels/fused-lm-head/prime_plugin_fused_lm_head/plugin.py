@@ -43,7 +43,8 @@ def prime_parallel_strategies():
 def prime_kernels():
     reference = "eager logits + log_softmax in float64"
     return [
-        Kernel(op="lm_head", name="fused", impl="prime_plugin_fused_lm_head.dispatch:fused_logprobs", reference=reference,
+        Kernel(op="lm_head", name="fused", impl="prime_plugin_fused_lm_head.dispatch:fused_logprobs",
+               reference=reference,
                description="chunked LM head, log p(target) and entropy without the [N, V] logits: "
                            "Triton on CUDA, PyTorch elsewhere"),
         Kernel(op="lm_head", name="fused_torch", impl="prime_plugin_fused_lm_head.torch_impl:fused_logprobs",

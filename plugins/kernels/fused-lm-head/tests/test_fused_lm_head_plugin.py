@@ -6,11 +6,10 @@ import sys
 
 import torch
 
+import prime_plugin_fused_lm_head.plugin as plugin
 from prime_core import PLUGIN_API_VERSION
 from prime_core.plugins import PluginManager
 from prime_core.specs import Kernel
-
-import prime_plugin_fused_lm_head.plugin as plugin
 from prime_plugin_fused_lm_head.reference import reference_logprobs
 
 

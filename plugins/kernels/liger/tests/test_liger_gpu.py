@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+
 from prime_plugin_liger import lm_head as liger_lm_head
 from prime_plugin_liger import ops, plugin
 

@@ -13,13 +13,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from prime_plugin_liger import hf as liger_hf
-from prime_plugin_liger import lm_head as liger_lm_head
-from prime_plugin_liger import ops, plugin
 
 from prime_core import PLUGIN_API_VERSION
 from prime_core.errors import PluginError
 from prime_core.plugins import PluginManager
+from prime_plugin_liger import hf as liger_hf
+from prime_plugin_liger import lm_head as liger_lm_head
+from prime_plugin_liger import ops, plugin
 
 pytest_plugins = ["prime_core.testing"]
 
@@ -208,7 +208,8 @@ def test_lm_head_sft_loss_matches_eager_through_a_buggy_reduction_none(fake_lige
     if temperature == "per-token":
         temperature = 0.5 + torch.rand(n, generator=torch.Generator().manual_seed(4))
     mask = (torch.arange(n) % 3 != 0).float()
-    logp, entropy = liger_lm_head.liger_logprobs(hidden, weight, targets, temperature, token_chunk="auto", with_entropy=False)
+    logp, entropy = liger_lm_head.liger_logprobs(hidden, weight, targets, temperature, token_chunk="auto",
+                                                 with_entropy=False)
     assert entropy is None and logp.dtype == torch.float32 and logp.shape == (n,)
     ref_hidden, ref_weight = (t.detach().clone().requires_grad_() for t in (hidden, weight))
     ref = _eager_logprobs(ref_hidden, ref_weight, targets, temperature)

@@ -62,7 +62,8 @@ def test_visible_gpus_without_a_driver_is_none(no_gpus):
 
 
 def test_assign_in_order_and_explicit_ids():
-    requests = [Request("inference", 2, "deployment.num_infer_gpus"), Request("trainer", 1, "deployment.num_train_gpus")]
+    requests = [Request("inference", 2, "deployment.num_infer_gpus"),
+                Request("trainer", 1, "deployment.num_train_gpus")]
     assert assign(requests, ["4", "5", "6"]) == {"inference": ["4", "5"], "trainer": ["6"]}
     shared = [Request("inference", 1, "k", ids=("0",)), Request("trainer", 1, "k", ids=("0",))]
     assert assign(shared, ["0"]) == {"inference": ["0"], "trainer": ["0"]}
@@ -70,7 +71,8 @@ def test_assign_in_order_and_explicit_ids():
 
 def test_oversubscription_names_the_keys_and_the_fix(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    requests = [Request("inference", 2, "deployment.num_infer_gpus"), Request("trainer", 2, "deployment.num_train_gpus")]
+    requests = [Request("inference", 2, "deployment.num_infer_gpus"),
+                Request("trainer", 2, "deployment.num_train_gpus")]
     with pytest.raises(PrimeError) as info:
         assign(requests, ["0", "1"])
     text = str(info.value)
@@ -121,7 +123,7 @@ def test_two_replicas_plan_two_servers_two_ports_and_two_urls(prime_cli, registe
     assert [p["service"] for p in inference] == [True, True]
     assert plan["commands"][:2] == [f"prime inference {configs / 'inference_0.json'}",
                                     f"prime inference {configs / 'inference_1.json'}"]
-    assert [p["log"] for p in inference] == [str(out / "logs" / "inference_0.log"), str(out / "logs" / "inference_1.log")]
+    assert [p["log"] for p in inference] == [str(out / "logs" / f"inference_{i}.log") for i in range(2)]
     whole = json.loads((configs / "inference.json").read_text())
     for i in range(2):
         replica = json.loads((configs / f"inference_{i}.json").read_text())
@@ -214,7 +216,8 @@ def test_sft_on_two_gpus_takes_the_first_two_visible(prime_cli, register_plugin,
     plan = json.loads((out / "configs" / "plan.json").read_text())
     (process,) = plan["processes"]
     assert process["env"]["CUDA_VISIBLE_DEVICES"] == "4,5" and plan["inline"] is False
-    assert plan["commands"][0].endswith(f"--rdzv-endpoint 127.0.0.1:0 --rdzv-id prime --nproc-per-node 2 -m prime_core sft "
+    assert plan["commands"][0].endswith("--rdzv-endpoint 127.0.0.1:0 --rdzv-id prime --nproc-per-node 2 "
+                                        f"-m prime_core sft "
                                         f"{out / 'configs' / 'sft.json'}")
     assert "dry_run" not in json.loads((out / "configs" / "sft.json").read_text()), "the written config runs for real"
 

@@ -81,7 +81,11 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str | None
         result.placement = rows
     else:
         result.notes.extend(f"{row['role']}: {row['nodes']}, {row['gpus']} (log {row['log']})" for row in rows)
-    result.notes.append(f"sbatch script: {script} ({'custom template ' + str(config.slurm.template_path) if config.slurm.template_path else ('multi-node' if lay.multi_node else 'single-node') + ' default template'})")
+    if config.slurm.template_path:
+        template = f"custom template {config.slurm.template_path}"
+    else:
+        template = f"{'multi-node' if lay.multi_node else 'single-node'} default template"
+    result.notes.append(f"sbatch script: {script} ({template})")
     if config.slurm.project_dir and not Path(config.output_dir).is_absolute():
         result.notes.append(f"output_dir {config.output_dir} is relative: the roles resolve it in slurm.project_dir "
                             f"{config.slurm.project_dir}; use an absolute path on the shared filesystem")

@@ -31,7 +31,8 @@ TEMPLATE_VARIABLES = (
     "python", "pre_run_command", "hf_hub_offline", "env", "num_nodes", "num_train_nodes",
     "num_infer_nodes", "gpus_per_node", "num_train_gpus", "num_infer_gpus", "trainer_role",
     "trainer_config", "orchestrator_config", "inference_config", "inference_port",
-    "inference_replicas", "bind_inference", "infer_gpu_ids", "train_gpu_ids", "rdzv_port", "torchrun_log_dir", "role_process_env", "script_path",
+    "inference_replicas", "bind_inference", "infer_gpu_ids", "train_gpu_ids", "rdzv_port", "torchrun_log_dir",
+    "role_process_env", "script_path",
 )
 
 
@@ -78,7 +79,8 @@ def layout(config: Any, root: str, roles: set[str]) -> Layout:
                           d.gpus_per_node if infer_nodes else 0)
         infer = d.num_infer_gpus if serve else 0
         gpus = d.num_train_gpus + infer
-        named = (getattr(d, "trainer_gpu_ids", None) or []) + ((getattr(d, "inference_gpu_ids", None) or []) if serve else [])
+        served = (getattr(d, "inference_gpu_ids", None) or []) if serve else []
+        named = (getattr(d, "trainer_gpu_ids", None) or []) + served
         if named and all(isinstance(i, int) for i in named) and getattr(d, "trainer_gpu_ids", None) \
                 and (not serve or getattr(d, "inference_gpu_ids", None)):
             gpus = max(named) + 1  # every role names its GPUs (two roles may share one)

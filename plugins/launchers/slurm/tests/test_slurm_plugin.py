@@ -113,7 +113,8 @@ def test_dense_seed_renders_one_inference_node_and_one_train_node(slurm, prime_c
                  "INFER_HOSTS=(${HOSTS[@]:0:1})", "TRAIN_HOSTS=(${HOSTS[@]:1:1})",
                  'scontrol show hostnames "$SLURM_JOB_NODELIST"', "export PRIME_ROLE_PROCESS=1",
                  'start "infer_node_rank_${i}_replica_7" service on "${INFER_HOSTS[$i]}" bash -c "$SLICE" slice 7 1',
-                 f'-m prime_core inference {out}/configs/inference_7.json --server.host "$(address "${{INFER_HOSTS[$i]}}")"',
+                 f'-m prime_core inference {out}/configs/inference_7.json '
+                 '--server.host "$(address "${INFER_HOSTS[$i]}")"',
                  'URLS+=("http://${INFER_HOSTS[$i]}:8007/v1")',
                  f'-m prime_core orchestrator {out}/configs/orchestrator.json --client.base-url "${{URLS[@]}}"',
                  "--nnodes 1 --node-rank \"$r\" --nproc-per-node 8",
@@ -191,7 +192,8 @@ def test_single_node_placement_of_the_scaling_guide(slurm, prime_cli, tmp_path):
                  '--rdzv-backend prime-loopback --rdzv-endpoint 127.0.0.1:0',
                  "--nproc-per-node 2", f"--log-dir {out}/logs/trainer/torchrun --tee 3 --local-ranks-filter 0"):
         assert line in text, line
-    replica = ('start infer_node_rank_0_replica_5 service env CUDA_VISIBLE_DEVICES="$(IFS=,; echo "${INFER_GPU_LIST[*]:5:1}")" '
+    replica = ('start infer_node_rank_0_replica_5 service env '
+               'CUDA_VISIBLE_DEVICES="$(IFS=,; echo "${INFER_GPU_LIST[*]:5:1}")" '
                f'"$PYTHON" -m prime_core inference {out}/configs/inference_5.json')
     assert replica in text and 'IFS=, read -r -a INFER_GPU_LIST <<< "$INFER_GPUS"' in text
     got = subprocess.run(["bash", "-c", 'INFER_GPUS=2,3,4,5,6,7; IFS=, read -r -a INFER_GPU_LIST <<< "$INFER_GPUS"; '
@@ -228,7 +230,8 @@ def test_multi_node_inference_runs_one_server_per_node(slurm, prime_cli, tmp_pat
     text = (out / "inference.sh").read_text()
     for line in ("#SBATCH --nodes=3", "#SBATCH --gpus-per-node=4", "INFER_HOSTS=(${HOSTS[@]:0:3})",
                  'start "infer_node_rank_$i" main on "${INFER_HOSTS[$i]}"',
-                 f'-m prime_core inference {out}/configs/inference_node.json --server.host "$(address "${{INFER_HOSTS[$i]}}")"',
+                 f'-m prime_core inference {out}/configs/inference_node.json '
+                 '--server.host "$(address "${INFER_HOSTS[$i]}")"',
                  'URLS+=("http://${INFER_HOSTS[$i]}:8100/v1")', "latest_inference_urls.txt"):
         assert line in text, line
     bash_syntax_ok(out / "inference.sh")
@@ -243,9 +246,11 @@ def test_multi_node_inference_runs_every_replica_on_every_node(slurm, prime_cli,
             "--parallel.dp", "2", "--model.name", "m", "--server.port", "8100", out=out)
     text = (out / "inference.sh").read_text()
     for line in ('start "infer_node_rank_${i}_replica_0" main on "${INFER_HOSTS[$i]}" bash -c "$SLICE" slice 0 2',
-                 f'-m prime_core inference {out}/configs/inference_node_0.json --server.host "$(address "${{INFER_HOSTS[$i]}}")"',
+                 f'-m prime_core inference {out}/configs/inference_node_0.json '
+                 '--server.host "$(address "${INFER_HOSTS[$i]}")"',
                  'start "infer_node_rank_${i}_replica_1" main on "${INFER_HOSTS[$i]}" bash -c "$SLICE" slice 2 2',
-                 f'-m prime_core inference {out}/configs/inference_node_1.json --server.host "$(address "${{INFER_HOSTS[$i]}}")"',
+                 f'-m prime_core inference {out}/configs/inference_node_1.json '
+                 '--server.host "$(address "${INFER_HOSTS[$i]}")"',
                  'URLS+=("http://${INFER_HOSTS[$i]}:8100/v1")', 'URLS+=("http://${INFER_HOSTS[$i]}:8101/v1")'):
         assert line in text, line
     bash_syntax_ok(out / "inference.sh")

@@ -43,7 +43,8 @@ def attach_kernels(model, kernels: dict[str, str]) -> None:
     for op, name in kernels.items():
         if op not in OP_HOOKS:
             continue
-        impl = get_plugin_manager().select("kernels", f"{op}:{name}", key=f"trainer.model.kernels.{op}", shown=name).impl
+        impl = get_plugin_manager().select("kernels", f"{op}:{name}", key=f"trainer.model.kernels.{op}",
+                                           shown=name).impl
         cls_name, attr = OP_HOOKS[op]
         for module in model.modules():
             if type(module).__name__ == cls_name:

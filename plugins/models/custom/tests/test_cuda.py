@@ -29,7 +29,8 @@ def test_torch_grouped_mm_matches_the_loop_forward_and_backward(counts):
     for fn in (grouped_mm_torch, grouped_mm_loop):
         out = fn(x, stored.transpose(1, 2), counts)
         grads = torch.autograd.grad((out.float() * probe.float()).sum(), (x, stored), allow_unused=True)
-        results.append((out, *(g if g is not None else torch.zeros_like(t) for g, t in zip(grads, (x, stored)))))
+        grads = [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, (x, stored), strict=True)]
+        results.append((out, *grads))
     for fast, ref in zip(*results, strict=True):
         torch.testing.assert_close(fast.float(), ref.float(), atol=2e-2, rtol=2e-2)
     assert grouped_mm(x, stored.transpose(1, 2), counts).shape == (x.shape[0], 192)

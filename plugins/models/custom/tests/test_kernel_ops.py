@@ -47,8 +47,8 @@ def probes():
 
 
 def _build(folder, **kernels):
-    from prime_plugin_custom.build import build
     from prime_core.trainer.config import TrainerModelConfig
+    from prime_plugin_custom.build import build
 
     return build(TrainerModelConfig(name=str(folder), impl="custom", dtype="float32", kernels=kernels))
 
@@ -68,11 +68,10 @@ def test_named_kernels_replace_the_eager_ops(tmp_path, probes):
 
 
 def test_an_op_no_kernel_provides_is_refused(tmp_path, probes):
-    from prime_plugin_hf.tiny import build_tiny
-
     from prime_core.cli.common import load_config
     from prime_core.config.checks import check
     from prime_core.errors import ConfigError
+    from prime_plugin_hf.tiny import build_tiny
 
     config = load_config("trainer", ["--model.kernels", '{"layernorm": "probe", "rmsnorm": "probe"}'])
     problems = check(config, "trainer")

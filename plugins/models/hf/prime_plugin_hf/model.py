@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from prime_core.config.shared import local_folder_missing
 
 

@@ -68,7 +68,8 @@ def build_tiny(out: str | Path, *, hidden_size: int = 128, num_layers: int = 2, 
     )
     if num_experts:
         if not 0 < experts_per_token <= num_experts:
-            raise ValueError(f"experts_per_token ({experts_per_token}) must be between 1 and num_experts ({num_experts})")
+            raise ValueError(f"experts_per_token ({experts_per_token}) must be between 1 and "
+                             f"num_experts ({num_experts})")
         config = Qwen3MoeConfig(**shape, num_experts=num_experts, num_experts_per_tok=experts_per_token,
                                 moe_intermediate_size=moe_intermediate_size or hidden_size // 2,
                                 decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)

@@ -30,11 +30,10 @@ def manager():
 
 
 def test_hf_patch_kernel_rewrites_the_model(tmp_path, manager):
-    from prime_plugin_hf.model import build
-    from prime_plugin_hf.tiny import build_tiny
-
     from prime_core.errors import ConfigError
     from prime_core.trainer.config import TrainerModelConfig
+    from prime_plugin_hf.model import build
+    from prime_plugin_hf.tiny import build_tiny
 
     folder = build_tiny(tmp_path / "tiny", hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=32)
     for device in ("cpu", "meta"):

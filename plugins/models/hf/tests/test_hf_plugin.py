@@ -40,9 +40,8 @@ def test_head_dim_must_suit_vllm_cpu(tmp_path):
 
 
 def test_hf_impl_builds_the_configured_model(tmp_path):
-    from prime_plugin_hf.tiny import build_tiny
-
     from prime_core.trainer.config import TrainerModelConfig
+    from prime_plugin_hf.tiny import build_tiny
 
     build_tiny(tmp_path / "m", hidden_size=64, num_layers=1)
     (impl,) = plugin.prime_model_impls()

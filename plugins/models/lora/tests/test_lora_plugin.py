@@ -26,8 +26,8 @@ def test_declares_the_plugin_api():
 def test_only_adapters_train_and_they_start_as_the_base_model():
     import torch
 
-    from prime_core.distributed import World
     from prime_core.config.checks import section_model
+    from prime_core.distributed import World
     from prime_plugin_lora.lora import apply
 
     ids = torch.tensor([[1, 4, 9, 16, 25, 36]])
@@ -89,8 +89,8 @@ def test_merged_adapter_gives_the_trained_models_outputs(tmp_path, prime_cli):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from prime_core.distributed import World
     from prime_core.config.checks import section_model
+    from prime_core.distributed import World
     from prime_plugin_lora.lora import apply
 
     _model().save_pretrained(tmp_path / "base")

@@ -28,7 +28,8 @@ from prime_core.errors import PrimeError
 def missing() -> str | None:
     """``available()``: why the monitor cannot run here, or ``None``."""
     if importlib.util.find_spec("tensorboard") is None:
-        return "the tensorboard package is not installed: pip install prime-plugin-tensorboard (or pip install tensorboard)"
+        return ("the tensorboard package is not installed: pip install prime-plugin-tensorboard "
+                "(or pip install tensorboard)")
     return None
 
 

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from prime_plugin_tensorboard import plugin
 
 from prime_core import PLUGIN_API_VERSION
+from prime_plugin_tensorboard import plugin
 
 pytest_plugins = ["prime_core.testing"]
 

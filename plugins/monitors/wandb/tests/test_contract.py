@@ -28,5 +28,6 @@ class TestWandb(MonitorContract):
                                 capture_output=True, text=True, timeout=120, check=True)
         items = [json.loads(line)["history"]["item"] for line in result.stdout.splitlines()
                  if line.startswith("{") and json.loads(line)["type"] == "history"]
-        return [(item["trainer/step"], {k.removeprefix("trainer/"): v for k, v in item.items() if k.startswith("trainer/")})
+        return [(item["trainer/step"],
+                 {k.removeprefix("trainer/"): v for k, v in item.items() if k.startswith("trainer/")})
                 for item in items]

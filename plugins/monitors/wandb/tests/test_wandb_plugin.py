@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from prime_plugin_wandb import monitor, plugin
 
 from prime_core import PLUGIN_API_VERSION
+from prime_plugin_wandb import monitor, plugin
 
 pytest_plugins = ["prime_core.testing"]
 
@@ -244,7 +244,8 @@ def failing_server():
                 conn.settimeout(2)
                 try:
                     conn.recv(65536)
-                    conn.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    conn.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n"
+                                 b"Connection: close\r\n\r\n")
                 except OSError:
                     pass
 

@@ -21,7 +21,8 @@ class TestCheckpointing(ParallelStrategyContract):
     cases = [
         {"name": "ac_full", "model": {**HF, "ac": {"freq": 1}}},
         {"name": "ac_every_other", "model": {**HF, "ac": {"freq": 2}}},
-        {"name": "ac_selective", "model": {**HF, "ac": {"mode": "selective", "targets": ["norm", "attn_proj", "mlp_proj"]}}},
+        {"name": "ac_selective",
+         "model": {**HF, "ac": {"mode": "selective", "targets": ["norm", "attn_proj", "mlp_proj"]}}},
         {"name": "ac_offloading", "model": {**HF, "ac": {"freq": 1}, "ac_offloading": {"max_inflight_activations": 1}}},
     ]
 
@@ -50,7 +51,8 @@ def test_wrappers_sit_where_the_config_says():
     kinds = [type(b).__name__ for b in model.model.layers]
     assert kinds == ["CheckpointWrapper", "Qwen3DecoderLayer", "CheckpointWrapper"]
 
-    model = checkpointing.apply(_model(), config=section_model("trainer", "model")(ac={"mode": "selective", "targets": ["norm"]}))
+    config = section_model("trainer", "model")(ac={"mode": "selective", "targets": ["norm"]})
+    model = checkpointing.apply(_model(), config=config)
     layer = model.model.layers[0]
     assert type(layer.input_layernorm).__name__ == "CheckpointWrapper"
     assert type(layer.self_attn.q_norm).__name__ == "CheckpointWrapper"
@@ -70,7 +72,8 @@ def test_offloading_moves_saved_tensors_out_and_back():
     ids = torch.tensor([[1, 5, 7, 9, 3, 2]])
     plain = _model()
     plain(ids, labels=ids).loss.backward()
-    model = offloading.apply(_model(), config=section_model("trainer", "model")(ac_offloading={"max_inflight_activations": 1}))
+    config = section_model("trainer", "model")(ac_offloading={"max_inflight_activations": 1})
+    model = offloading.apply(_model(), config=config)
     offloader = model.model.layers[0]._offloader
     packed = []
     pack = offloader.pack
@@ -82,9 +85,9 @@ def test_offloading_moves_saved_tensors_out_and_back():
 
 
 def test_selective_targets_that_match_nothing_are_an_error():
-    from prime_plugin_ac.checkpointing import wrap_selected
-
     import torch
+
+    from prime_plugin_ac.checkpointing import wrap_selected
 
     with pytest.raises(ValueError, match="nothing in Sequential matches"):
         wrap_selected(torch.nn.Sequential(torch.nn.ReLU()), ["attn_proj"])

@@ -11,10 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
+import prime_plugin_cp.plugin as plugin
 from prime_core import PLUGIN_API_VERSION
 from prime_core.plugins import PluginManager
-
-import prime_plugin_cp.plugin as plugin
 
 WORKER = Path(__file__).with_name("cp_worker.py")
 TOLERANCE = {"f64": 1e-12, "mqa": 1e-12, "apply": 1e-11, "isolated": 1e-12, "f32": 1e-5, "bf16": 5e-2}
