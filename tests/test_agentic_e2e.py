@@ -149,9 +149,16 @@ def test_multi_turn_rollouts_are_token_exact_and_on_policy(tool_model, server):
         recorded = [(t, lp) for seg in o.episode.trajectory.segments
                     for t, m, lp in zip(seg.ids, seg.mask, seg.logprobs, strict=True) if m]
         assert recorded == got, "trained tokens are exactly vLLM's, with its log-probabilities"
-        assert o.episode.trajectory.splits == 0, "ChatML keeps the prefix: one sample per trajectory"
         samples += o.episode.trajectory.samples(advantage=1.0, reward=o.reward, version=0)
-    for o in with_tools:
+    # ChatML keeps the prefix, so a trajectory is one sample, except where a sampled turn's text
+    # does not re-encode to its tokens (a random model can sample bytes that are not UTF-8):
+    # that trajectory is split, each part still exact (checked above), and counted.
+    whole = [o for o in outcomes if o.episode.trajectory.splits == 0]
+    assert len(whole) >= 0.75 * len(outcomes), [o.episode.trajectory.splits for o in outcomes]
+    assert all(len(o.episode.trajectory.segments) == 1 + o.episode.trajectory.splits for o in outcomes)
+    whole_with_tools = [o for o in with_tools if o in whole]
+    assert whole_with_tools, "some tool-calling trajectories are one sample"
+    for o in whole_with_tools:
         (segment,) = o.episode.trajectory.segments
         text = tokenizer.decode([t for t, m in zip(segment.ids, segment.mask, strict=True) if not m])
         assert "<|im_start|>tool\n" in text, "the tool's turn is in the sample, untrained"
