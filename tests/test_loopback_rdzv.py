@@ -19,7 +19,7 @@ WORKER = textwrap.dedent("""
     dist.init_process_group("gloo")
     t = torch.ones(1)
     dist.all_reduce(t)
-    print("up", int(t.item()), os.environ["MASTER_ADDR"], flush=True)
+    os.write(1, f"up {int(t.item())} {os.environ['MASTER_ADDR']}\\n".encode())  # one write: ranks share the pipe
     time.sleep(float(sys.argv[1]))
     dist.destroy_process_group()
 """)
@@ -70,11 +70,20 @@ def listening(pids: set[int]) -> set[tuple[str, int]]:
 def test_one_node_torchrun_listens_on_loopback_only(tmp_path):
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
-    # a rank's variables left in this process by an earlier test would mislead torchrun's ranks
+    # torchrun as a user starts it: nothing an earlier test left in this process (rank or prime
+    # variables, signal dispositions or a blocked signal mask, which a child inherits) reaches it
     rank_vars = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in rank_vars and not k.startswith("TORCHELASTIC")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in rank_vars and not k.startswith(("TORCHELASTIC", "PRIME_"))}
+
+    def fresh_signals() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        for sig in (signal.SIGCHLD, signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+
     run = subprocess.Popen([*python_command(2), str(worker), "20"], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, env=env)
+                           stderr=subprocess.STDOUT, text=True, env=env, preexec_fn=fresh_signals,
+                           start_new_session=True)
     processes: set[int] = {run.pid}
     try:
         ups, seen = 0, []
