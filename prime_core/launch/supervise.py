@@ -177,10 +177,11 @@ def _supervise(plan: LaunchPlan, poll_interval: float, on_tick, interrupts: _Int
         raise
 
 
-SETTLE_SECONDS = 3.0
+SETTLE_SECONDS = 10.0
 """After a role fails, how long the others may take to fail too before being stopped: a dead
 inference server makes the orchestrator fail within a second or two, and the server is the
-role to report."""
+role to report; the inference role itself needs a few seconds more to see its server's death
+and stop what is left of it (measured up to 4 s on 2 busy cores)."""
 
 
 def _failed(procs: dict[str, RoleProcess], running: dict[str, subprocess.Popen]) -> list[str]:
