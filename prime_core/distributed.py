@@ -98,7 +98,9 @@ class ParallelDims:
       ``world / dp_replicate`` shards (1-D ``("dp_shard",)`` without replicas). Data
       parallelism shards every dense parameter over it, whatever the other degrees.
     - ``("dp_mod_D", "D")`` for every other degree ``D``: groups of ``D`` consecutive ranks,
-      and the ranks at the same place in different groups; ``("D",)`` is its 1-D part.
+      and the ranks at the same place in different groups; ``("D",)`` and ``("dp_mod_D",)``
+      are its 1-D parts. Parameters a strategy shards over ``D`` (EP's experts) are sharded
+      by data parallelism over ``dp_mod_D``: both are slices of one mesh, as FSDP needs.
 
     ``row_dim`` is the dimension whose ranks split each packed row (context parallelism).
     """
@@ -156,8 +158,10 @@ class ParallelDims:
         if set(dims) <= set(DATA_PARALLEL_DIMS):
             return DATA_PARALLEL_DIMS
         dim = dims[-1]
+        if len(dims) == 1 and dim.startswith("dp_mod_") and len(dim) > len("dp_mod_"):
+            return (dim, dim[len("dp_mod_"):])
         if dims not in ((dim,), (f"dp_mod_{dim}", dim)):
-            raise ValueError(f"mesh dims {dims}: use {DATA_PARALLEL_DIMS}, (D,) or ('dp_mod_D', 'D')")
+            raise ValueError(f"mesh dims {dims}: use {DATA_PARALLEL_DIMS}, (D,), ('dp_mod_D',) or ('dp_mod_D', 'D')")
         return (f"dp_mod_{dim}", dim)
 
 

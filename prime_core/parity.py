@@ -92,7 +92,27 @@ def run_case(case: dict, model_dir: str, out_dir: Path, *, reference: bool, save
     if world.main:
         suffix = ".reference64" if exact else ".reference" if reference else ""
         torch.save({"losses": losses, "grad_norms": norms, "state": state, "applied": policy.applied,
-                    "world_size": world.size}, out_dir / f"{case['name']}{suffix}.pt")
+                    "world_size": world.size, "layout": layout(policy.model, optimizer)},
+                   out_dir / f"{case['name']}{suffix}.pt")
+
+
+def layout(model, optimizer) -> dict:
+    """How rank 0 holds each sharded parameter (published names): its mesh dimensions,
+    placements, full and local shapes, and the local elements of its optimizer state."""
+    from torch.distributed.tensor import DTensor
+
+    from prime_core.trainer.build import clean_names
+
+    found = {}
+    for name, param in model.named_parameters():
+        if isinstance(param, DTensor):
+            state = optimizer.state.get(param, {})
+            found[name] = {"mesh": list(param.device_mesh.mesh_dim_names or ()),
+                           "placements": [str(p) for p in param.placements], "shape": list(param.shape),
+                           "local": list(param.to_local().shape),
+                           "optim_local": sum(v.to_local().numel() if isinstance(v, DTensor) else v.numel()
+                                              for k, v in state.items() if k != "step" and hasattr(v, "numel"))}
+    return clean_names(found)
 
 
 def exact_path(reference: Path) -> Path:

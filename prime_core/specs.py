@@ -214,7 +214,11 @@ class ParallelStrategy(Spec):
     trainer process; when it is enabled the model is built in ``optimization_dtype`` (the
     strategy computes in ``dtype``: mixed precision) and placed on the devices by the
     strategy; otherwise the core moves the model to the device. Parameters an earlier
-    strategy turned into DTensors (EP's experts) are that strategy's own.
+    strategy turned into DTensors on the 1-D mesh of its degree ``D`` (EP's experts on
+    ``ep``) are sharded by the data-parallel strategy over ``dp_mod_D`` (the other ranks);
+    their gradients must then hold the contributions of the whole ``D`` group (EP's dispatch
+    brings them back), and data parallelism sums them over ``dp_mod_D`` and divides by the
+    world size, as it averages every other gradient.
     """
 
     slot: str

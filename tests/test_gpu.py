@@ -155,9 +155,13 @@ def test_expert_and_context_parallel_with_nccl_match_one_eager_process(tmp_path,
                  {"name": "cp2_ulysses", "model": {**custom, "cp": 2, "cp_style": "ulysses"}}]
     else:
         cases = [{"name": "ep4", "model": {**custom, "ep": 4}},
+                 {"name": "ep2_dp2", "model": {**custom, "ep": 2}},  # experts sharded over dp_mod_ep too
                  {"name": "ep2_cp2_ring", "model": {**custom, "ep": 2, "cp": 2, "cp_style": "ring"}},
                  {"name": "ep2_cp2_ulysses", "model": {**custom, "ep": 2, "cp": 2, "cp_style": "ulysses"}}]
     model = build_tiny(tmp_path / "moe", **TINY, num_experts=4, experts_per_token=2)
     results = check(model, tmp_path / "out", cases, processes=processes, rtol=1e-3, atol=1e-4)
     for case in cases:
         assert "fsdp" in results[case["name"]]["applied"]
+        if case["model"].get("ep", 1) > 1:  # each rank holds 1/processes of every expert parameter
+            held = results[case["name"]]["layout"]["model.layers.0.mlp.experts.down_proj"]
+            assert held["mesh"] == ["dp_mod_ep", "ep"] and held["local"][0] * processes == held["shape"][0], held

@@ -6,8 +6,11 @@ losses within 1e-4 relative + 2e-5 absolute, final weights within 2e-5 absolute 
 Each case builds the model through the core's build order, trains ``parity.STEPS`` AdamW
 steps on the same variable-length packed batches and publishes its full weights (experts
 gathered across EP ranks); the reference is the same native model in
-one process with no strategies.
+one process with no strategies. With EP = 2 on 4 processes the experts are sharded over
+``dp_mod_ep`` too (a quarter per rank).
 """
+
+import math
 
 import pytest
 
@@ -53,3 +56,6 @@ def test_matches_a_single_process(results, case):
     assert worst["weight"] < 2e-5
     if "ep" in expected:  # the published experts are whole again, gathered from the EP ranks
         assert got["state"]["model.layers.0.mlp.experts.down_proj"].shape[0] == 4
+        # ... and each rank held a quarter: the EP group's share, split over dp_mod_ep too
+        held = got["layout"]["model.layers.0.mlp.experts.down_proj"]
+        assert held["mesh"] == ["dp_mod_ep", "ep"] and math.prod(held["local"]) * 4 == math.prod(held["shape"])

@@ -6,17 +6,15 @@ A MoE layer is any module with ``num_experts``, ``experts`` and ``dispatcher`` (
 (``[E, ...]``) and becomes a ``DTensor`` sharded on dim 0 over ``mesh["ep"]``; the experts'
 forward uses the local shard.
 
-Limit: expert parameters are sharded over the EP group only. Ranks at the same place in
-different EP groups (``mesh["dp_mod_ep"]``) hold the same experts in full, so the expert
-weights, gradients and optimizer state are replicated over ``dp_mod_ep``, not FSDP-sharded.
+The data-parallel strategy then shards these DTensors once more over ``mesh["dp_mod_ep"]``
+(the ranks at the same place in the other EP groups) and reduces their gradients there
+(``ParallelStrategy``'s contract in ``prime_core.specs``), so expert weights, gradients and
+optimizer state are split over every rank, not replicated across EP groups.
 """
 
 from __future__ import annotations
 
-import functools
-
 EP_MESH_DIM = "ep"
-REPLICA_MESH_DIM = "dp_mod_ep"
 
 
 def is_moe_layer(module) -> bool:
@@ -28,10 +26,8 @@ def moe_layers(model) -> list:
 
 
 def apply(model, *, mesh, config, world):
-    """``ParallelStrategy.apply`` of ``ep``; returns an ``Applied`` whose ``before_step``
-    reduces the expert gradients."""
+    """``ParallelStrategy.apply`` of ``ep``."""
     from prime_core.plugins import get_plugin_manager
-    from prime_core.specs import Applied
 
     ep_mesh = mesh[EP_MESH_DIM]
     ep = ep_mesh.size()
@@ -54,7 +50,7 @@ def apply(model, *, mesh, config, world):
         if layer.num_experts not in dispatchers:
             dispatchers[layer.num_experts] = backend.make(group, num_experts=layer.num_experts, config=config)
         layer.dispatcher = dispatchers[layer.num_experts]
-    return Applied(model, before_step=functools.partial(sync_expert_grads, mesh=mesh, world_size=world.size))
+    return model
 
 
 def shard_experts(experts, num_experts: int, ep_mesh, rank: int) -> None:
@@ -78,50 +74,3 @@ def shard_experts(experts, num_experts: int, ep_mesh, rank: int) -> None:
         owner, _, leaf = name.rpartition(".")
         setattr(experts.get_submodule(owner) if owner else experts, leaf,
                 nn.Parameter(sharded, requires_grad=param.requires_grad))
-
-
-def expert_params(model) -> list:
-    """The expert parameters this strategy sharded (DTensors on the 1-D ``ep`` mesh)."""
-    from torch.distributed.tensor import DTensor
-
-    found, seen = [], set()
-    for layer in moe_layers(model):
-        for param in layer.experts.parameters():
-            if (isinstance(param, DTensor) and param.device_mesh.mesh_dim_names == (EP_MESH_DIM,)
-                    and id(param) not in seen):
-                seen.add(id(param))
-                found.append(param)
-    return found
-
-
-def sync_expert_grads(model, *, mesh, world_size: int) -> None:
-    """``before_step``: sum each expert gradient over the replicas (``dp_mod_ep``), then
-    divide it by the world size.
-
-    Why the division: the core scales every rank's loss by ``world_size / total_loss_tokens``
-    because FSDP averages the gradients it manages over all ranks. Expert parameters are left
-    out of FSDP; after the backward pass each rank's expert gradient already holds the
-    contributions of every rank of its EP group (the dispatch's backward brings them back), so
-    the sum over ``dp_mod_ep`` covers all ranks, and dividing by ``world_size`` gives what
-    FSDP's average gives the dense parameters."""
-    import torch
-    import torch.distributed as dist
-
-    params = [p for p in expert_params(model) if p.requires_grad]
-    if not params:
-        return
-    with torch.no_grad():
-        for param in params:
-            if param.grad is None:  # every replica must take part in the reduction
-                param.grad = torch.zeros_like(param)
-        grads = [param.grad.to_local() for param in params]
-        replicas = mesh[REPLICA_MESH_DIM]
-        if replicas.size() > 1:
-            flat = torch.cat([grad.reshape(-1) for grad in grads])
-            dist.all_reduce(flat, group=replicas.get_group())
-            flat.div_(world_size)
-            for grad, part in zip(grads, flat.split([grad.numel() for grad in grads]), strict=True):
-                grad.copy_(part.view_as(grad))
-        else:
-            for grad in grads:
-                grad.div_(world_size)

@@ -34,8 +34,8 @@ def problems(config, root: str) -> list[str]:
         return []
     found = []
     if getattr(model, "fsdp_cpu_offload", False):
-        found.append(f"{key}.fsdp_cpu_offload: not supported with {key}.ep = {ep} (expert weights are sharded by "
-                     "expert parallelism outside FSDP and would not be offloaded); turn one of them off")
+        found.append(f"{key}.fsdp_cpu_offload: not supported with {key}.ep = {ep} (the experts' FSDP units on "
+                     "dp_mod_ep are not offloaded); turn one of them off, or use optim_cpu_offload")
     experts = count_experts(model.name, trust_remote_code=getattr(model, "trust_remote_code", False))
     if experts is UNKNOWN:
         return found

@@ -4,8 +4,9 @@ Builds a small model with two MoE layers that follow the ``SparseMoE`` contract 
 written here, not the custom plugin's), rank 0 on CPU and the others on the meta device as the
 core does, applies the ``ep`` strategy over a ``(world / EP, EP)`` mesh, fills the shards from
 rank 0 with ``broadcast_from_rank0``, and compares the forward output and every gradient
-(after the emulated FSDP average of the dense parameters and the strategy's ``before_step``)
-with the unsharded module run on all ranks' inputs in one process.
+with the unsharded module run on all ranks' inputs in one process, after the reduction data
+parallelism does (emulated here: the dense gradients averaged over every rank, the expert
+gradients summed over ``dp_mod_ep`` and divided by the world size, as the fsdp plugin does).
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def main(path: Path, ep: int) -> dict:
 
     from prime_core import distributed
     from prime_core.config.checks import section_model
-    from prime_plugin_ep.strategy import apply, expert_params
+    from prime_plugin_ep.strategy import apply
 
     world = distributed.init()
     mesh = init_device_mesh("cpu", (world.size // ep, ep), mesh_dim_names=("dp_mod_ep", "ep"))
@@ -105,15 +106,15 @@ def main(path: Path, ep: int) -> dict:
     reference = build("cpu")
     full = {key: value.clone() for key, value in reference.state_dict().items()} if world.main else {}
     model = build("cpu" if world.main else "meta")
-    applied = apply(model, mesh=mesh, config=section_model("trainer", "model")(name="stand-in", ep=ep), world=world)
-    assert applied.model is model and applied.before_step is not None
+    assert apply(model, mesh=mesh, config=section_model("trainer", "model")(name="stand-in", ep=ep),
+                 world=world) is model
     if not world.main:
         model.to_empty(device="cpu")
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
     result = {"rank": world.rank, "errors": {}}
-    sharded = expert_params(model)
-    assert len(sharded) == 4, len(sharded)
+    sharded = [p for p in model.parameters() if isinstance(p, DTensor)]
+    assert len(sharded) == 4 and all(p.device_mesh.mesh_dim_names == ("ep",) for p in sharded), sharded
     assert model.layers[0].mlp.dispatcher is model.layers[1].mlp.dispatcher
     per_rank = EXPERTS // ep
     rows = slice(ep_rank * per_rank, (ep_rank + 1) * per_rank)
@@ -132,11 +133,10 @@ def main(path: Path, ep: int) -> dict:
     out = model(inputs[world.rank])
     # The core scales each rank's loss by world_size / total tokens (here 1 token's weight).
     ((out * grads[world.rank]).sum() * world.size).backward()
-    for param in model.parameters():  # what FSDP does for the dense parameters: average
-        if not isinstance(param, DTensor):
-            dist.all_reduce(param.grad)
-            param.grad.div_(world.size)
-    applied.before_step(model)
+    for param in model.parameters():  # what data parallelism does
+        grad = param.grad.to_local() if isinstance(param, DTensor) else param.grad
+        dist.all_reduce(grad, group=mesh["dp_mod_ep"].get_group() if isinstance(param, DTensor) else None)
+        grad.div_(world.size)
 
     ref_outs = [reference(x) for x in inputs]
     sum((o * g).sum() for o, g in zip(ref_outs, grads, strict=True)).backward()
