@@ -109,7 +109,7 @@ def layout(model, optimizer) -> dict:
             state = optimizer.state.get(param, {})
             found[name] = {"mesh": list(param.device_mesh.mesh_dim_names or ()),
                            "placements": [str(p) for p in param.placements], "shape": list(param.shape),
-                           "local": list(param.to_local().shape),
+                           "local_shape": list(param.to_local().shape),
                            "optim_local": sum(v.to_local().numel() if isinstance(v, DTensor) else v.numel()
                                               for k, v in state.items() if k != "step" and hasattr(v, "numel"))}
     return clean_names(found)

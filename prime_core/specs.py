@@ -178,6 +178,11 @@ class ModelImpl(Spec):
     supports: Callable[[Any], bool] | str | None = ref(None, compare=False)
     state_dict_adapter: Any = ref(None, compare=False)
     priority: int = 0  # among implementations that support a checkpoint, "auto" takes the highest
+    memory: Callable[..., Any] | str | None = ref(None, compare=False)
+    """``memory(model, model_config) -> list[prime_core.memory.BlockProfile]``: what each
+    transformer block of ``model`` (built on the meta device) keeps for its backward pass per
+    token (``prime plan``); without it the plan counts every block as a transformers decoder
+    block."""
 
 
 SLOTS = ("lm_head", "adapters", "quantization", "expert_parallel", "context_parallel", "checkpointing",
@@ -209,6 +214,7 @@ class ParallelStrategy(Spec):
       (context parallelism): the core hands every rank its part of every row.
     - ``reference``: the strategy changes what the model computes (LoRA, FP8, the LM head
       implementation), so single-process parity references apply it too.
+    - ``memory``: its terms of the predicted peak memory (``prime plan``; below).
 
     The ``data_parallel`` slot is special in three ways: it is required with more than one
     trainer process; when it is enabled the model is built in ``optimization_dtype`` (the
@@ -228,6 +234,12 @@ class ParallelStrategy(Spec):
     degrees: Callable[[Any], dict[str, int]] | str | None = ref(None, compare=False)
     splits_rows: bool = False
     reference: bool = False
+    memory: Callable[..., Any] | str | None = ref(None, compare=False)
+    """``memory(estimate, config)``: what the strategy changes in a run's predicted GPU memory
+    (``prime plan``), on a ``prime_core.memory.Estimate`` of the model built on the meta
+    device, called in build order (shard the states, split the tokens, replace the
+    activations by rules, add buffers). Without it the plan says the strategy is not
+    counted."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -164,4 +164,4 @@ def test_expert_and_context_parallel_with_nccl_match_one_eager_process(tmp_path,
         assert "fsdp" in results[case["name"]]["applied"]
         if case["model"].get("ep", 1) > 1:  # each rank holds 1/processes of every expert parameter
             held = results[case["name"]]["layout"]["model.layers.0.mlp.experts.down_proj"]
-            assert held["mesh"] == ["dp_mod_ep", "ep"] and held["local"][0] * processes == held["shape"][0], held
+            assert held["mesh"] == ["dp_mod_ep", "ep"] and held["local_shape"][0] * processes == held["shape"][0], held

@@ -58,4 +58,4 @@ def test_matches_a_single_process(results, case):
         assert got["state"]["model.layers.0.mlp.experts.down_proj"].shape[0] == 4
         # ... and each rank held a quarter: the EP group's share, split over dp_mod_ep too
         held = got["layout"]["model.layers.0.mlp.experts.down_proj"]
-        assert held["mesh"] == ["dp_mod_ep", "ep"] and math.prod(held["local"]) * 4 == math.prod(held["shape"])
+        assert held["mesh"] == ["dp_mod_ep", "ep"] and math.prod(held["local_shape"]) * 4 == math.prod(held["shape"])

@@ -19,7 +19,7 @@ from prime_core.cli.common import print_error, print_warning
 from prime_core.errors import PrimeError
 from prime_core.plugins import DISABLED_ENV, PluginManager, get_plugin_manager, set_plugin_manager
 
-BUILTIN_COMMANDS = ("run", "config", "plugins", "plugin", "trainer", "orchestrator", "inference", "sft")
+BUILTIN_COMMANDS = ("run", "plan", "config", "plugins", "plugin", "trainer", "orchestrator", "inference", "sft")
 
 
 class PrimeGroup(TyperGroup):
@@ -50,7 +50,7 @@ def _version(value: bool) -> None:
 
 def build_app(manager: PluginManager | None = None) -> typer.Typer:
     """The ``prime`` app with the built-in commands and every plugin's ``prime_cli_commands``."""
-    from prime_core.cli import config_cmd, eval_cmd, plugins_cmd, roles, run_cmd
+    from prime_core.cli import config_cmd, eval_cmd, plan_cmd, plugins_cmd, roles, run_cmd
 
     manager = manager or get_plugin_manager()
     app = typer.Typer(
@@ -76,6 +76,7 @@ def build_app(manager: PluginManager | None = None) -> typer.Typer:
         pass
 
     run_cmd.register(app)
+    plan_cmd.register(app)
     config_cmd.register(app)
     plugins_cmd.register(app)
     roles.register(app)

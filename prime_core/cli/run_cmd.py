@@ -85,6 +85,10 @@ def _write_and_launch(config, root, paths, plan, launcher, console, problems, dr
     if plan is not None:
         write_plan(plan)
         show_plan(plan, console)
+        if root in ("rl", "sft"):
+            from prime_core.plan import warn_before_launch
+
+            warn_before_launch(config, root, plan, print_warning)  # only where the trainer's GPUs are here
     if dry_run:
         for problem in problems:
             print_warning(f"a real run would stop here: {problem}")

@@ -37,9 +37,11 @@ class Policy:
     """Where a strategy keeps the parameters when not on the compute device (``Applied``)."""
 
 
-def enabled_strategies(model_config, manager, world, *, reference: bool = False) -> list[ParallelStrategy]:
+def enabled_strategies(model_config, manager, world, *, reference: bool = False,
+                       here: bool = True) -> list[ParallelStrategy]:
     """The strategies this run applies, in build order; ``reference`` keeps only those that
-    change what the model computes (parity references)."""
+    change what the model computes (parity references). ``here = False`` (planning a run for
+    other machines) does not ask whether they can run on this one."""
     by_slot: dict[str, list[ParallelStrategy]] = {}
     for provided in manager.registry("parallel_strategies").values():
         spec = provided.spec
@@ -54,7 +56,7 @@ def enabled_strategies(model_config, manager, world, *, reference: bool = False)
             raise PluginError(f"the '{slot}' slot of the build order has {len(specs)} enabled strategies "
                               f"({', '.join(s.name for s in specs)}); turn all but one of them off")
         if specs:
-            reason = specs[0].unavailable_reason()
+            reason = specs[0].unavailable_reason() if here else None
             if reason:
                 raise PluginError(f"the parallel strategy '{specs[0].name}' is turned on but cannot run here: {reason}")
             chosen.append(specs[0])

@@ -23,7 +23,8 @@ training ``steps`` optimizer steps in ``processes`` processes matches one eager 
 (losses, and the final weights under their published names; the bound is derived from the
 eager float32 run's own error against a float64 run, ``prime_core.parity``) with the
 strategy in the applied list, and that a checkpoint written there resumes in one process
-(its degrees set to 1) to the same result.
+(its degrees set to 1) to the same result; and that its ``memory`` hook, when it has one, runs in
+``prime plan``'s estimate of every case.
 
 The cases run in subprocesses (``python -m prime_core.parity`` under torchrun) that load the
 *installed* plugins: install the plugin under test (``pip install -e .``) before running it.
@@ -152,6 +153,27 @@ def check_resume(spec, manager, model_dir: Path, results: Path, case: dict, out:
                             f"processes did not resume in one: {exc}") from None
 
 
+def check_memory(spec, manager, model_dir: Path, case: dict, processes: int) -> None:
+    """The ``memory`` hook runs in ``prime plan``'s estimate of the case (the tiny model on the
+    meta device, ``processes`` trainer processes) and leaves a finite, positive peak."""
+    import math
+
+    from prime_core.config.checks import schema_for
+    from prime_core.plan import predict
+
+    config = schema_for("trainer", manager)(model={"name": str(model_dir), **case.get("model", {})},
+                                             data={"fake": {"batch_size": processes}})
+    try:
+        prediction = predict(config, "trainer", manager, processes=processes)
+    except Exception as exc:
+        raise ContractError(f"strategy '{spec.name}', case {case['name']!r}: its memory hook failed in `prime plan`: "
+                            f"{type(exc).__name__}: {exc}") from None
+    expect(math.isfinite(prediction.peak) and prediction.peak > 0,
+           f"strategy '{spec.name}', case {case['name']!r}: `prime plan` predicts a peak of {prediction.peak!r} bytes")
+    expect(not any(f"'{spec.name}' has no memory model" in note for note in prediction.notes),
+           f"strategy '{spec.name}' has a memory hook but the plan did not call it for case {case['name']!r}")
+
+
 class ParallelStrategyContract(Contract):
     """Subclass with ``name`` and ``cases`` set (parity cases: ``{"name", "model": {keys}}``)."""
 
@@ -217,3 +239,9 @@ class ParallelStrategyContract(Contract):
             pytest.skip("resume = False: the strategy changes no parameter or checkpoint layout")
         out, cases = runs
         check_resume(spec, manager, model_dir, out, cases[0], tmp_path, self.tolerance)
+
+    def test_memory_model_runs(self, spec, manager, model_dir):
+        if spec.memory is None:
+            pytest.skip(f"strategy '{self.name}' has no memory hook: `prime plan` says it is not counted")
+        for case in self.cases:
+            check_memory(spec, manager, model_dir, case, self.processes)

@@ -35,7 +35,7 @@ def prime_config_sections():
 def prime_parallel_strategies():
     return [ParallelStrategy(name="fused_lm_head", slot="lm_head", apply="prime_plugin_fused_lm_head.strategy:apply",
                              enabled=lambda config, world: config.fused_lm_head_token_chunk_size != "disabled",
-                             reference=True,
+                             reference=True, memory="prime_plugin_fused_lm_head.strategy:memory",
                              description="the chunked LM head: log-probabilities without the [tokens, vocab] logits")]
 
 

@@ -28,3 +28,25 @@ def apply(model, *, config, **_):
     # token_chunk an int or "auto" (sized per call from the shapes).
     model.lm_head_fn = functools.partial(spec.impl, token_chunk=setting)
     return model
+
+
+def memory(est, config) -> None:
+    """``prime plan``: no logits; one chunk's working set (``chunking.bytes_per_token`` times
+    the chunk, the Triton kernels' on GPUs unless ``kernels.lm_head`` picks the PyTorch ones)
+    plus the float32 gradients of the LM head's weight and of the hidden states, which live
+    for the whole call."""
+    from prime_plugin_fused_lm_head.chunking import DEFAULT_BUDGET_BYTES, bytes_per_token
+
+    setting = config.fused_lm_head_token_chunk_size
+    rows = 2 if config.kernels.get("lm_head", "fused") == "fused_torch" else 0
+
+    class _Dtype:  # chunking reads only the itemsize
+        itemsize = est.compute_bytes
+
+    def head(e) -> float:
+        per_token = bytes_per_token(e.vocab, e.hidden, _Dtype, rows)
+        chunk = min(e.tokens, setting if isinstance(setting, int) else max(1, DEFAULT_BUDGET_BYTES // per_token))
+        return chunk * per_token + 4.0 * e.hidden * (e.vocab + e.tokens) + 16.0 * e.tokens
+
+    est.lm_head = head
+    est.lm_head_name = f"fused ({'auto' if setting == 'auto' else setting} token chunks)"

@@ -94,3 +94,16 @@ def generation_config(folder: Path):
     from transformers import GenerationConfig
 
     return GenerationConfig.from_pretrained(folder)
+
+
+def memory(model: CausalLM, model_config) -> list:
+    """``ModelImpl.memory``: each block counted by ``prime_core.memory.decoder_block_profile``
+    as this implementation runs it: the attention kernel's output feeds ``o_proj`` without a
+    copy, and a ``SparseMoE`` block routes each token to ``top_k`` experts."""
+    from prime_core.memory import decoder_block_profile, dtype_bytes
+    from prime_plugin_custom.moe import SparseMoE
+
+    dt = dtype_bytes(model_config.dtype)
+    dense = decoder_block_profile(model.config, dt, o_proj_copy=False)
+    sparse = decoder_block_profile(model.config, dt, o_proj_copy=False, moe=True) if model.family.moe else None
+    return [sparse if isinstance(layer.mlp, SparseMoE) else dense for layer in model.model.layers]

@@ -20,6 +20,7 @@ def prime_model_impls():
     return [ModelImpl(
         name="custom", build="prime_plugin_custom.build:build", supports="prime_plugin_custom.families:supports",
         state_dict_adapter="prime_plugin_custom.adapter:ADAPTER", priority=10,
+        memory="prime_plugin_custom.build:memory",
         description="native Qwen3 / Llama / Qwen3-MoE / Qwen2-MoE, packing-aware, with EP/CP hooks",
     )]
 

@@ -50,3 +50,12 @@ def patch(model, model_config):
 
     spec = get_plugin_manager().select("kernels", f"hf_patch:{name}", key="trainer.model.kernels.hf_patch", shown=name)
     return spec.impl(model) or model
+
+
+def memory(model, model_config):
+    """``ModelImpl.memory``: transformers' decoder blocks, counted by
+    ``prime_core.memory.decoder_block_profile`` (the attention output is copied by its
+    transpose and reshape before ``o_proj``)."""
+    from prime_core.memory import generic_profiles
+
+    return generic_profiles(model, model_config)

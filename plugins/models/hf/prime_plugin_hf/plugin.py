@@ -41,7 +41,7 @@ def tiny(
 @hookimpl
 def prime_model_impls():
     return [ModelImpl(name="hf", build="prime_plugin_hf.model:build", supports=lambda hf_config: True, priority=0,
-                      description="any transformers causal LM")]
+                      memory="prime_plugin_hf.model:memory", description="any transformers causal LM")]
 
 
 @hookimpl

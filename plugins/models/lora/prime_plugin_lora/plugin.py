@@ -44,6 +44,7 @@ def prime_config_sections():
 def prime_parallel_strategies():
     return [ParallelStrategy(name="lora", slot="adapters", apply="prime_plugin_lora.lora:apply",
                              enabled=lambda config, world: config.lora is not None, reference=True,
+                             memory="prime_plugin_lora.memory:memory",
                              description="LoRA adapters: only they are trained and published")]
 
 

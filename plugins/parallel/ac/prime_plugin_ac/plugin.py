@@ -19,8 +19,10 @@ def prime_parallel_strategies():
     return [
         ParallelStrategy(name="ac", slot="checkpointing", apply="prime_plugin_ac.checkpointing:apply",
                          enabled=lambda config, world: config.ac is not None,
+                         memory="prime_plugin_ac.memory:checkpointing",
                          description="activation checkpointing: whole blocks (full) or chosen sub-modules (selective)"),
         ParallelStrategy(name="ac_offloading", slot="activation_offloading", apply="prime_plugin_ac.offloading:apply",
                          enabled=lambda config, world: config.ac_offloading is not None,
+                         memory="prime_plugin_ac.memory:offloading",
                          description="keep the activations saved for backward in CPU memory"),
     ]

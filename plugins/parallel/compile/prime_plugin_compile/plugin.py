@@ -23,6 +23,12 @@ def apply(model, *, config, **_):
     return model
 
 
+def memory(est, config) -> None:
+    """``prime plan``: compiled blocks keep what ``BlockProfile.compiled`` says (Inductor fuses
+    element-wise chains and recomputes them in the backward pass)."""
+    est.compiled = True
+
+
 @hookimpl
 def prime_config_sections():
     return [ConfigSection(name="trainer.model", model="prime_plugin_compile.config:CompileKeys", merge=True,
@@ -32,5 +38,5 @@ def prime_config_sections():
 @hookimpl
 def prime_parallel_strategies():
     return [ParallelStrategy(name="compile", slot="compilation", apply=apply,
-                             enabled=lambda config, world: config.compile is not None,
+                             enabled=lambda config, world: config.compile is not None, memory=memory,
                              description="torch.compile of each transformer block")]

@@ -20,7 +20,7 @@ def prime_parallel_strategies():
     return [ParallelStrategy(
         name="cp", slot="context_parallel", apply="prime_plugin_cp.strategy:apply",
         enabled=lambda config, world: config.cp > 1, mesh_dims=("cp",), degrees=lambda config: {"cp": config.cp},
-        splits_rows=True,
+        splits_rows=True, memory="prime_plugin_cp.memory:memory",
         description="context parallelism for packed rows: ring (KV passes around the CP group) or ulysses "
                     "(all-to-all heads)",
     )]

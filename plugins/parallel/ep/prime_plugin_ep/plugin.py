@@ -22,7 +22,7 @@ def prime_parallel_strategies():
     return [ParallelStrategy(
         name="ep", slot="expert_parallel", apply="prime_plugin_ep.strategy:apply",
         enabled=lambda config, world: config.ep > 1, mesh_dims=("dp_mod_ep", "ep"),
-        degrees=lambda config: {"ep": config.ep},
+        degrees=lambda config: {"ep": config.ep}, memory="prime_plugin_ep.memory:memory",
         description="expert parallelism: experts sharded over trainer.model.ep ranks, tokens dispatched to them",
     )]
 

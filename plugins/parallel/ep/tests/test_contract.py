@@ -30,5 +30,5 @@ class TestExpertParallel(ParallelStrategyContract):
         for name in ("gate_up_proj", "down_proj"):
             held = layout[f"model.layers.0.mlp.experts.{name}"]
             assert held["mesh"] == ["dp_mod_ep", "ep"], held
-            assert math.prod(held["local"]) * self.processes == math.prod(held["shape"]), held
-            assert held["optim_local"] == 2 * math.prod(held["local"]), held  # AdamW's two moments
+            assert math.prod(held["local_shape"]) * self.processes == math.prod(held["shape"]), held
+            assert held["optim_local"] == 2 * math.prod(held["local_shape"]), held  # AdamW's two moments

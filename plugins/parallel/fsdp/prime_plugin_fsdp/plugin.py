@@ -30,5 +30,6 @@ def prime_parallel_strategies():
     return [ParallelStrategy(
         name="fsdp", slot="data_parallel", apply="prime_plugin_fsdp.strategy:apply", enabled=enabled,
         mesh_dims=("dp_replicate", "dp_shard"), degrees=lambda config: {"dp_replicate": config.dp_replicate},
+        memory="prime_plugin_fsdp.memory:memory",
         description="FSDP2 full sharding / HSDP, mixed precision, CPU offload",
     )]
