@@ -110,6 +110,8 @@ def worker(args) -> int:
     from prime_core import distributed
     from prime_core.bench import BenchConfig, BenchMeter
     from prime_core.config.checks import schema_for
+    from prime_core.memory import GIB
+    from prime_core.plan import predict
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer.build import start_training
     from prime_core.trainer.fake import FakeDataConfig
@@ -148,7 +150,9 @@ def worker(args) -> int:
         fake = FakeDataConfig(batch_size=args.samples_per_group * groups, length="fixed")
         rng = random.Random(0)
         record = {**label, "seq_len": seq_len, "build_s": build_s, "devices": world.size,
-                  "params": round(sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 2)}  # bf16
+                  "params": round(sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 2),  # bf16
+                  "predicted_peak_gib": predict(config, "trainer", processes=world.size, rows=args.samples_per_group,
+                                                seq_len=seq_len).peak / GIB}
         try:
             batch = meter.run_fake_steps(training, fake, seq_len, rng, loss_fn=loss_fn, max_norm=1.0)
             record.update(meter.result())
@@ -162,7 +166,7 @@ def worker(args) -> int:
                 f.write(json.dumps(record) + "\n")
             shown = "OOM" if record.get("oom") else (
                 f"{record['tokens_per_s']:,.0f} tok/s, MFU {100 * record['mfu']:.1f} %, "
-                f"peak {record['peak_memory_gib']:.1f} GiB"
+                f"peak {record['peak_memory_gib']:.1f} GiB (prime plan: {record['predicted_peak_gib']:.1f})"
                 + (f", all-to-all {100 * record['all_to_all_share']:.1f} % of GPU time"
                    if "all_to_all_share" in record else ""))
             print(f"{label['kind']} {label.get('model', '')} ({record['params'] / 1e9:.1f}B) {label['config']} "

@@ -111,7 +111,8 @@ def worker(args) -> int:
                            dtype="bfloat16", label={"config": args.knob, "seq_len": seq_len})
         fake = FakeDataConfig(batch_size=per_rank * world.size, length="fixed")
         rng = random.Random(0)
-        record = {"kind": args.kind, "config": args.knob, "seq_len": seq_len, "build_s": build_s}
+        record = {"kind": args.kind, "config": args.knob, "seq_len": seq_len, "build_s": build_s,
+                  "predicted_peak_gib": predicted_peak(config, world, seq_len, per_rank)}
         try:
             meter.run_fake_steps(training, fake, seq_len, rng, loss_fn=loss_fn, max_norm=1.0)
             record.update(meter.result())
@@ -123,7 +124,7 @@ def worker(args) -> int:
                 f.write(json.dumps(record) + "\n")
             shown = "OOM" if record.get("oom") else (
                 f"{record['tokens_per_s']:,.0f} tok/s, MFU {100 * record['mfu']:.1f} %, "
-                f"peak {record['peak_memory_gib']:.1f} GiB")
+                f"peak {record['peak_memory_gib']:.1f} GiB (prime plan: {record['predicted_peak_gib']:.1f})")
             print(f"{args.kind} {args.knob} seq {seq_len}: {shown}", flush=True)
         import gc
 
@@ -133,6 +134,14 @@ def worker(args) -> int:
             break
     distributed.shutdown()
     return 0
+
+
+def predicted_peak(config, world, seq_len: int, samples_per_rank: int) -> float:
+    """``prime plan``'s prediction for this run (GiB), recorded beside the measured peak."""
+    from prime_core.memory import GIB
+    from prime_core.plan import predict
+
+    return predict(config, "trainer", processes=world.size, rows=samples_per_rank, seq_len=seq_len).peak / GIB
 
 
 def profile(args) -> int:
@@ -257,7 +266,7 @@ def table(out: Path) -> None:
         data = json.loads((out / "hf.json").read_text())
         for r in data.get("results", data if isinstance(data, list) else []):
             hf[r.get("seq_len")] = r
-    print(f"{'run':<34}{'seq':>7}{'tok/s':>10}{'MFU':>8}{'peak GiB':>10}{'% dev':>7}")
+    print(f"{'run':<34}{'seq':>7}{'tok/s':>10}{'MFU':>8}{'peak GiB':>10}{'% dev':>7}{'plan GiB':>10}")
     for seq in sorted({r["seq_len"] for r in rows} | set(hf)):
         h = hf.get(seq)
         if h:
@@ -272,11 +281,12 @@ def table(out: Path) -> None:
             if r["seq_len"] != seq:
                 continue
             label = f"{r['kind']}: {r['config']}" + (f" ×{r.get('devices', 1)}" if r.get("devices", 1) > 1 else "")
+            plan = f"{r['predicted_peak_gib']:>10.1f}" if "predicted_peak_gib" in r else ""
             if r.get("oom"):
-                print(f"{label:<34}{seq:>7}{'OOM':>10}")
+                print(f"{label:<34}{seq:>7}{'OOM':>10}{'':>25}{plan}")
             else:
                 print(f"{label:<34}{seq:>7}{r['tokens_per_s']:>10,.0f}{100 * r['mfu']:>7.1f}%"
-                      f"{r['peak_memory_gib']:>10.1f}{r['peak_memory_pct']:>6.0f}%")
+                      f"{r['peak_memory_gib']:>10.1f}{r['peak_memory_pct']:>6.0f}%{plan}")
 
 
 def main() -> int:
