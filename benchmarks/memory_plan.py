@@ -61,7 +61,7 @@ def recorded_runs(models: Path) -> list[dict]:
         r = json.loads(line)
         if "note" in r or (r["config"], r.get("device_call")) in EXCLUDED:
             continue
-        keys = memory.ALL_KNOBS if r["config"] == "all" else memory.KNOBS[r["config"]]
+        keys = {**memory.PINNED, **(memory.ALL_KNOBS if r["config"] == "all" else memory.KNOBS[r["config"]])}
         samples = int(r["tokens_per_step"] // r["seq_len"]) if "tokens_per_step" in r else r.get("devices", 1)
         runs.append({"label": f"{r['kind']} {r['config']} ({r.get('device_call')})", "model": {"impl": "hf", **keys},
                      "folder": dense, "seq_len": r["seq_len"], "samples": samples, "gpus": r.get("devices", 1),
@@ -75,13 +75,14 @@ def recorded_runs(models: Path) -> list[dict]:
             layers = 12 if r.get("model", "").endswith("-12l") else None
             folder = model_folder(models / f"{name}{layers or ''}", parallel.model_shape("moe", name, layers, False),
                                   True)
-            keys = {"impl": "custom", "ep": int(r["config"][2:].split("-")[0]) if r["config"].startswith("ep") else 1}
+            keys = {"impl": "custom", **parallel.PINNED,
+                    "ep": int(r["config"][2:].split("-")[0]) if r["config"].startswith("ep") else 1}
             if r["config"].endswith("-tight"):
                 keys.update(parallel.MEMORY_TIGHT, cp_style="ulysses")
         else:
             folder = model_folder(models / "cp-dense", parallel.model_shape("cp", "moe", None, False), False)
             cp = 1 if r["config"] == "cp1" else int(r["config"][2:].split("-")[0])
-            keys = {"impl": "custom", "ac": {"freq": 1}, "cp": cp,
+            keys = {"impl": "custom", **parallel.PINNED, "ac": {"freq": 1}, "cp": cp,
                     "cp_style": r["config"].rsplit("-", 1)[-1] if cp > 1 else "ulysses"}
         runs.append({"label": f"{r['kind']} {r['config']} {r.get('model', '')}".strip(), "model": keys,
                      "folder": folder, "seq_len": r["seq_len"], "samples": int(r["tokens_per_step"] // r["seq_len"]),
@@ -142,7 +143,7 @@ def qwen3_30b(models: Path, seq_len: int = 8192) -> str:
         extra = dict(parallel.MEMORY_TIGHT, cp_style="ulysses") if extra == "MEMORY_TIGHT" else extra
         columns = {}
         for ep in (4, 8):
-            keys = {"impl": "custom", "ep": ep, **extra}
+            keys = {"impl": "custom", **parallel.PINNED, "ep": ep, **extra}
             config = trainer_config(folder, keys, seq_len, 8 // keys.get("cp", 1))
             for replicated in (True, False):
                 est = estimate(config, "trainer", processes=8)

@@ -300,6 +300,28 @@ def prime_select_launcher(config: Any) -> str | None:
     """
 
 
+@hookspec
+def prime_trainer_defaults(model_config: Any, context: Any) -> Iterable[Any] | None:
+    """Decide this plugin's ``trainer.model`` keys that the user left undecided (``auto``, or
+    unset), for the device the trainer computes on: fast by default.
+
+    Called once per trainer process when the policy is built (and by ``prime plan``), before
+    any strategy is enabled, with the validated ``trainer.model`` section (``impl`` resolved)
+    and a ``prime_core.trainer.defaults.Context`` (``device``, ``role``, ``impl``, ``dtype``,
+    ``processes``, ``fast``). Return ``prime_core.trainer.defaults.Choice(key, value, reason)``
+    items for keys this plugin owns; the trainer applies them and prints them with their
+    reasons. Never choose a key the user set, and choose only what computes the same numbers
+    (or what the user would expect of a default); two plugins choosing one key is refused.
+
+    Example::
+
+        @hookimpl
+        def prime_trainer_defaults(model_config, context):
+            if context.fast and model_config.widget == "auto":
+                yield Choice("widget", "fused", "a GPU in bf16: the fused widget kernel")
+    """
+
+
 # --------------------------------------------------------------------------------------
 # Lifecycle
 # --------------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ def estimate(config, root: str, manager=None, *, processes: int | None = None, r
     from prime_core.launch.config import trainer_processes
     from prime_core.memory import core_terms, generic_profiles, rows_per_rank, start
     from prime_core.plugins import get_plugin_manager
-    from prime_core.trainer.build import DATA_PARALLEL, enabled_strategies, parallel_dims
+    from prime_core.trainer.build import DATA_PARALLEL, decide_defaults, enabled_strategies, parallel_dims
     from prime_core.trainer.model import resolve_impl
 
     manager = manager or get_plugin_manager()
@@ -61,11 +61,14 @@ def estimate(config, root: str, manager=None, *, processes: int | None = None, r
     if processes is None:
         deployment = getattr(config, "deployment", None)
         processes = trainer_processes(deployment)[0] if deployment is not None else 1
-    world = World(size=processes, device=torch.device("cuda"))  # planned for GPUs; no CUDA call is made
+    world = World(size=processes, device=torch.device("cuda"))  # planned for GPUs
+    impl = resolve_impl(model_config, manager)
+    # The keys a GPU run decides when it starts, decided alike (prime_core.trainer.defaults).
+    model_config, choices = decide_defaults(model_config, manager, world, impl.name,
+                                            "sft" if root == "sft" else "trainer", planning=True)
     strategies = enabled_strategies(model_config, manager, world, here=False)
     dims = parallel_dims(model_config, strategies, world)
     data_parallel = any(spec.slot == DATA_PARALLEL for spec in strategies)
-    impl = resolve_impl(model_config, manager)
     # The structure only, with the default kernels: a GPU kernel may not be importable here.
     meta_config = model_config.model_copy(update={"dtype": model_config.dtype, "attn": "sdpa", "kernels": {}})
     with loading(model_config.name, "model.name"):
@@ -76,6 +79,7 @@ def estimate(config, root: str, manager=None, *, processes: int | None = None, r
         rows = rows_per_rank(samples, processes // dims.rows_split) if samples else 2
     est = start(model, model_config, processes=processes, tokens=seq_len or trainer.seq_len, rows=rows,
                 data_parallel=data_parallel, blocks=profiles, degrees=dims.degrees)
+    est.notes.extend(f"decided at start: {choice.shown()}" for choice in choices)
     if impl.memory is None:
         est.notes.append(f"model implementation '{impl.name}' has no memory profile: its blocks are counted as "
                          "transformers decoder blocks")

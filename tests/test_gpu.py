@@ -165,3 +165,39 @@ def test_expert_and_context_parallel_with_nccl_match_one_eager_process(tmp_path,
         if case["model"].get("ep", 1) > 1:  # each rank holds 1/processes of every expert parameter
             held = results[case["name"]]["layout"]["model.layers.0.mlp.experts.down_proj"]
             assert held["mesh"] == ["dp_mod_ep", "ep"] and held["local_shape"][0] * processes == held["shape"][0], held
+
+
+def test_fast_defaults_on_a_gpu(tmp_path, capsys):
+    """With no performance key set, a bf16 run of the native model on a GPU gets torch's fused
+    attention, the chunked LM head and compiled blocks, says so first, and computes what the
+    reference paths compute (bf16 rounding apart)."""
+    import torch
+
+    from prime_core import distributed
+    from prime_core.config.checks import section_model
+    from prime_core.parity import TINY
+    from prime_core.plugins import get_plugin_manager
+    from prime_core.trainer.build import build_policy
+    from prime_core.trainer.model import predicted_logprobs
+    from prime_plugin_hf.tiny import build_tiny
+
+    folder = build_tiny(tmp_path / "tiny", **TINY)
+    world = distributed.World(device=torch.device("cuda", torch.cuda.current_device()))
+    pinned = {"attn": "sdpa", "compile": False, "fused_lm_head_token_chunk_size": "disabled"}
+    ids = torch.randint(0, 250, (1, 96), device="cuda")
+    positions = torch.cat([torch.arange(60), torch.arange(36)])[None].cuda()  # a packed row
+    results = {}
+    try:
+        for name, keys in (("fast", {}), ("reference", pinned)):
+            config = section_model("trainer", "model")(name=str(folder), dtype="bfloat16",
+                                                       optimization_dtype="bfloat16", **keys)
+            policy = build_policy(config, get_plugin_manager(), world)
+            results[name] = (policy, predicted_logprobs(policy.model, ids, positions, torch.roll(ids[0], -1))[0])
+    finally:
+        distributed.shutdown()
+    fast, reference = results["fast"], results["reference"]
+    assert {"fused_lm_head", "compile"} <= set(fast[0].applied) and not {"fused_lm_head", "compile"} & set(
+        reference[0].applied)
+    assert fast[0].model.model.layers[0].self_attn.attention_fn.__name__ == "torch_fused"
+    assert "attn = 'torch_fused'" in capsys.readouterr().out.splitlines()[0]
+    assert torch.allclose(fast[1].float(), reference[1].float(), atol=5e-2, rtol=5e-2)

@@ -35,6 +35,24 @@ class Policy:
     """``hook(model)`` calls before each gradient clipping and optimizer step (``Applied``)."""
     param_device: str | None = None
     """Where a strategy keeps the parameters when not on the compute device (``Applied``)."""
+    defaults: list = field(default_factory=list)
+    """The ``prime_core.trainer.defaults.Choice`` items this build made for undecided keys."""
+
+
+def device_type(world) -> str:
+    """``cuda`` or ``cpu`` (``World.device`` may be a ``torch.device`` or its name)."""
+    return getattr(world.device, "type", str(world.device).split(":")[0])
+
+
+def decide_defaults(model_config, manager, world, impl_name: str, role: str, *, planning: bool = False):
+    """``(trainer.model with its undecided keys decided, the choices)`` for ``world``'s device."""
+    from prime_core.trainer.defaults import Context, impl_choice, resolve
+
+    context = Context(device=device_type(world), role=role, impl=impl_name, dtype=model_config.dtype,
+                      processes=world.size, planning=planning)
+    first = impl_choice(model_config, impl_name)
+    model_config, choices = resolve(model_config.model_copy(update={"impl": impl_name}), manager, context)
+    return model_config, ([first] if first else []) + choices
 
 
 def enabled_strategies(model_config, manager, world, *, reference: bool = False,
@@ -83,7 +101,7 @@ def parallel_dims(model_config, strategies: list[ParallelStrategy], world):
     return ParallelDims(world.size, degrees, row_dim=row_dim)
 
 
-def build_policy(model_config, manager, world, *, reference: bool = False) -> Policy:
+def build_policy(model_config, manager, world, *, reference: bool = False, role: str = "trainer") -> Policy:
     """Build the policy, apply the enabled strategies in order, and place it on ``world.device``.
 
     With several processes only rank 0 loads the weights (on CPU); the others build the same
@@ -91,21 +109,30 @@ def build_policy(model_config, manager, world, *, reference: bool = False) -> Po
     (``broadcast_from_rank0``), so the host holds one full copy, not one per process.
 
     ``reference`` builds the single-process parity reference: only the strategies that change
-    what the model computes (``ParallelStrategy.reference``), no mesh."""
+    what the model computes (``ParallelStrategy.reference``), no mesh.
+
+    Keys left undecided are decided first, for this device (``prime_core.trainer.defaults``),
+    and rank 0 prints the choices."""
     from prime_core.hub import loading
 
+    impl = resolve_impl(model_config, manager)
+    model_config, choices = decide_defaults(model_config, manager, world, impl.name, role)
+    if world.main and not reference:
+        from prime_core.trainer.defaults import Context, announce
+
+        print(announce(choices, Context(device_type(world), role, impl.name, model_config.dtype, world.size)),
+              flush=True)
     strategies = enabled_strategies(model_config, manager, world, reference=reference)
     data_parallel = any(s.slot == DATA_PARALLEL for s in strategies)
     world.dims = parallel_dims(model_config, strategies, world)
     world.dims.build(world, [s.mesh_dims for s in strategies])
-    impl = resolve_impl(model_config, manager)
     # The data-parallel strategy keeps master weights in optimization_dtype and computes in
     # dtype; without it the parameters are simply held in dtype.
     build_dtype = model_config.optimization_dtype if data_parallel else model_config.dtype
     meta = world.size > 1 and not world.main
     with loading(model_config.name, "model.name"):
         model = impl.build(model_config.model_copy(update={"dtype": build_dtype}), device="meta" if meta else "cpu")
-    policy = Policy(model=model, impl=impl.name, hf_config=getattr(model, "config", None))
+    policy = Policy(model=model, impl=impl.name, hf_config=getattr(model, "config", None), defaults=choices)
     if policy.hf_config is not None:
         policy.hf_config.dtype = model_config.dtype  # what published checkpoints hold
     # Rank 0's full tensors, taken before any strategy slices them (EP keeps a part of the
@@ -223,7 +250,7 @@ def start_training(config, role: str, *, max_steps: int | None, seed: int, manag
     world = distributed.init()
     distributed.log_per_rank(world, Path(config.output_dir) / "logs" / role)
     torch.manual_seed(seed)
-    policy = build_policy(config.model, manager, world)
+    policy = build_policy(config.model, manager, world, role=role)
     policy.model.train()
     optimizer = build_optimizer(policy.model, config.optim, cpu_offload=config.model.optim_cpu_offload)
     scheduler = build_scheduler(optimizer, config.scheduler, max_steps)

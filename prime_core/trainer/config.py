@@ -22,9 +22,11 @@ class TrainerModelConfig(ModelRef):
     impl: Annotated[str, Selects("model_impls", skip=("auto",))] = "auto"
     """Model implementation from a plugin (``prime plugins list``); ``auto`` takes the
     highest-priority implementation that supports the checkpoint."""
-    attn: str = "sdpa"
-    """Attention kernel: the model implementation's default (``sdpa``), or a kernel
-    registered as ``attention:<name>``."""
+    attn: str = "auto"
+    """Attention kernel: ``auto`` (a plugin picks the fastest exact kernel for this run when
+    the trainer starts, e.g. torch's fused kernels on a GPU in bf16; otherwise the model
+    implementation's default, ``sdpa``), ``sdpa``, or a kernel registered as
+    ``attention:<name>``."""
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """Parameter dtype during compute."""
     optimization_dtype: Annotated[

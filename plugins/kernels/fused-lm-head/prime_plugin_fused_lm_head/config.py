@@ -11,11 +11,12 @@ from prime_core.config.base import Section
 
 
 class FusedLMHeadKeys(Section):
-    fused_lm_head_token_chunk_size: int | Literal["auto", "disabled"] = "disabled"
+    fused_lm_head_token_chunk_size: int | Literal["auto", "disabled"] | None = None
     """Compute log-probabilities from the hidden states this many tokens at a time, without
-    the ``[tokens, vocab]`` logits (``auto``: sized from the shapes). Needs a native model
-    (``impl = "custom"``); the implementation is ``trainer.model.kernels.lm_head``
-    (``fused`` by default)."""
+    the ``[tokens, vocab]`` logits (``auto``: sized from the shapes; ``disabled``: the vanilla
+    head). Unset: ``auto`` for RL with the native model on a GPU in bf16, ``disabled``
+    otherwise (decided when the trainer starts). Needs a native model (``impl = "custom"``);
+    the implementation is ``trainer.model.kernels.lm_head`` (``fused`` by default)."""
 
 
 class SFTChunk(Section):

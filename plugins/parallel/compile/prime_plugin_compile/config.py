@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from prime_core.config.base import Section, Toggle
 
 
@@ -13,5 +15,7 @@ class CompileConfig(Section):
 
 
 class CompileKeys(Section):
-    compile: Toggle[CompileConfig] = None
-    """Compile every transformer block with ``torch.compile`` (an empty table turns it on)."""
+    compile: Literal["auto"] | Toggle[CompileConfig] = "auto"
+    """Compile every transformer block with ``torch.compile`` (an empty table turns it on,
+    ``false`` off). ``auto``: on where it is verified, the native model on a GPU in bf16
+    without expert or context parallelism or LoRA; off elsewhere."""

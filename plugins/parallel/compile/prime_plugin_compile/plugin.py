@@ -30,6 +30,22 @@ def memory(est, config) -> None:
 
 
 @hookimpl
+def prime_trainer_defaults(model_config, context):
+    """``compile = "auto"``: on for the native model on a GPU in bf16, where compiled blocks
+    were measured exact and faster (1.2x at 8k tokens on an H200), and where no strategy that
+    runs collectives or wraps layers inside a block (expert or context parallelism, LoRA) is
+    on: those combinations are not verified under compile."""
+    if model_config.compile != "auto" or not context.fast or context.impl != "custom":
+        return None
+    if getattr(model_config, "ep", 1) > 1 or getattr(model_config, "cp", 1) > 1 or getattr(model_config, "lora", None):
+        return None
+    from prime_core.trainer.defaults import Choice
+    from prime_plugin_compile.config import CompileConfig
+
+    return [Choice("compile", CompileConfig(), "the native model's blocks compiled with Inductor on a GPU")]
+
+
+@hookimpl
 def prime_config_sections():
     return [ConfigSection(name="trainer.model", model="prime_plugin_compile.config:CompileKeys", merge=True,
                           roots=("rl", "sft"))]
@@ -38,5 +54,5 @@ def prime_config_sections():
 @hookimpl
 def prime_parallel_strategies():
     return [ParallelStrategy(name="compile", slot="compilation", apply=apply,
-                             enabled=lambda config, world: config.compile is not None, memory=memory,
+                             enabled=lambda config, world: config.compile not in (None, "auto"), memory=memory,
                              description="torch.compile of each transformer block")]
