@@ -156,10 +156,16 @@ def block_backward(dout, q, k, v, lse, delta, q_index, q_seg, k_index, k_seg, sc
 @dataclass(frozen=True)
 class BlockKernel:
     """The pair of functions a ring runs per block; a fused kernel (flash attention with
-    log-sum-exp output) can stand in for the eager one with the same signatures."""
+    log-sum-exp output, ``flash_block``) stands in for the eager one with the same signatures.
+
+    ``prepare(meta, rank)``, when set, is called once per ring call with every rank's
+    ``[n, 2, L]`` positions and sample ids and returns a plan per source rank; ``forward`` then
+    gets ``plan=`` and ``backward`` gets ``plan=`` and ``out=`` (the ring's final output, in
+    q's dtype) as keywords."""
 
     forward: Any
     backward: Any
+    prepare: Any = None
 
 
 EAGER = BlockKernel(forward=block_forward, backward=block_backward)

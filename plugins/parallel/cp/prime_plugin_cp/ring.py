@@ -67,13 +67,14 @@ def _pass_on(kv, step: int, size: int, group):
 
 
 def ring_forward(q, kv, q_index, q_seg, scale, group, kernel):
-    """``(out [L, Hq, D] in the accumulation dtype, lse [L, Hq], meta, live)`` for this rank's
-    queries and keys/values ``kv [2, L, Hkv, D]``."""
+    """``(out [L, Hq, D] in the accumulation dtype, lse [L, Hq], meta, live, plans)`` for this
+    rank's queries and keys/values ``kv [2, L, Hkv, D]``."""
     import torch
 
     rank, size = rank_and_size(group)
     meta = gather_packing(q_index, q_seg, group)
     live = live_blocks(meta, q_index, q_seg)
+    plans = kernel.prepare(meta, rank) if kernel.prepare is not None else None
     acc = acc_dtype(q.dtype)
     out = torch.zeros(q.shape, dtype=acc, device=q.device)
     lse = torch.full(q.shape[:2], float("-inf"), dtype=acc, device=q.device)
@@ -81,15 +82,16 @@ def ring_forward(q, kv, q_index, q_seg, scale, group, kernel):
         source = (rank - step) % size
         pending, incoming = _pass_on(kv, step, size, group)
         if live[source]:
+            extra = {"plan": plans[source]} if plans is not None else {}
             block_out, block_lse = kernel.forward(q, kv[0], kv[1], q_index, q_seg, meta[source, 0],
-                                                  meta[source, 1], scale)
+                                                  meta[source, 1], scale, **extra)
             merge(out, lse, block_out, block_lse)
         wait(pending)
         kv = incoming
-    return out, lse, meta, live
+    return out, lse, meta, live, plans
 
 
-def ring_backward(dout, q, kv, out, lse, q_index, q_seg, meta, live, scale, group, kernel):
+def ring_backward(dout, q, kv, out, lse, q_index, q_seg, meta, live, scale, group, kernel, plans=None):
     """``(dq, dk, dv)`` in the accumulation dtype."""
     import torch
 
@@ -102,8 +104,9 @@ def ring_backward(dout, q, kv, out, lse, q_index, q_seg, meta, live, scale, grou
         source = (rank - step) % size
         pending, incoming = _pass_on(kv, step, size, group)
         if live[source]:
+            extra = {"plan": plans[source], "out": out} if plans is not None else {}
             block_dq, block_dk, block_dv = kernel.backward(dout, q, kv[0], kv[1], lse, delta, q_index, q_seg,
-                                                           meta[source, 0], meta[source, 1], scale)
+                                                           meta[source, 0], meta[source, 1], scale, **extra)
             dq += block_dq
             dkv[0] += block_dk
             dkv[1] += block_dv
@@ -126,10 +129,10 @@ def _function():
         @staticmethod
         def forward(ctx, q, k, v, q_index, q_seg, scale, group, kernel):
             kv = torch.stack([k, v])  # one message per ring step
-            out, lse, meta, live = ring_forward(q, kv, q_index, q_seg, scale, group, kernel)
+            out, lse, meta, live, plans = ring_forward(q, kv, q_index, q_seg, scale, group, kernel)
             out = out.to(q.dtype)
             ctx.save_for_backward(q, kv, out, lse, q_index, q_seg, meta)
-            ctx.live, ctx.scale, ctx.group, ctx.kernel = live, scale, group, kernel
+            ctx.live, ctx.scale, ctx.group, ctx.kernel, ctx.plans = live, scale, group, kernel, plans
             ctx.kv_dtypes = (k.dtype, v.dtype)
             return out
 
@@ -137,7 +140,7 @@ def _function():
         def backward(ctx, dout):
             q, kv, out, lse, q_index, q_seg, meta = ctx.saved_tensors
             dq, dk, dv = ring_backward(dout.contiguous(), q, kv, out, lse, q_index, q_seg, meta, ctx.live,
-                                       ctx.scale, ctx.group, ctx.kernel)
+                                       ctx.scale, ctx.group, ctx.kernel, ctx.plans)
             k_dtype, v_dtype = ctx.kv_dtypes
             return dq.to(q.dtype), dk.to(k_dtype), dv.to(v_dtype), None, None, None, None, None
 

@@ -4,7 +4,8 @@ Native models (``impl = "custom"``) keep their attention kernel in ``attention_f
 attention module (``prime_core.trainer.packing`` has the contract). The core splits each
 packed row across the CP ranks and calls the model with the rank's tokens; ``apply`` wraps
 each ``attention_fn`` so that attention still covers the whole row: ``ring`` passes keys and
-values around the CP group and runs the eager block kernel (the model's own kernel is not
+values around the CP group and runs its block kernel (torch's flash varlen on GPUs in bf16,
+the eager float32 reference elsewhere: ``cp_ring_kernel``; the model's own kernel is not
 used), ``ulysses`` exchanges heads for tokens and runs the model's own kernel on whole rows.
 """
 
@@ -14,20 +15,36 @@ from __future__ import annotations
 class CPAttention:
     """An ``attention_fn(q, k, v, packing, scale)`` over the tokens of a whole CP group."""
 
-    def __init__(self, style: str, group, inner) -> None:
-        self.style, self.group, self.inner = style, group, inner
+    def __init__(self, style: str, group, inner, ring_kernel: str = "auto") -> None:
+        self.style, self.group, self.inner, self.ring_kernel = style, group, inner, ring_kernel
 
     def __call__(self, q, k, v, packing, scale):
         if self.style == "ring":
             from prime_plugin_cp.ring import ring_attention
 
-            return ring_attention(q, k, v, packing, scale, self.group)
+            return ring_attention(q, k, v, packing, scale, self.group, kernel=block_kernel(self.ring_kernel, q))
         from prime_plugin_cp.ulysses import ulysses_attention
 
         return ulysses_attention(q, k, v, packing, scale, self.group, self.inner)
 
     def __repr__(self) -> str:
         return f"CPAttention({self.style}, inner={self.inner!r})"
+
+
+def block_kernel(setting: str, q):
+    """The ring's ``BlockKernel`` for ``trainer.model.cp_ring_kernel`` and these queries."""
+    from prime_plugin_cp.block import EAGER
+    from prime_plugin_cp.flash_block import FLASH, unavailable
+
+    if setting == "eager":
+        return EAGER
+    reason = unavailable(q)
+    if reason is None:
+        return FLASH
+    if setting == "flash":
+        raise ValueError(f"trainer.model.cp_ring_kernel = 'flash' cannot run here: {reason}; set it to 'auto' or "
+                         "'eager'")
+    return EAGER
 
 
 def cp_group(mesh, world, cp: int):
@@ -51,6 +68,11 @@ def apply(model, *, mesh, config, world):
             f"trainer.model.cp = {config.cp} needs a model implementation whose attention modules expose "
             f"attention_fn (the CP contract in prime_core.trainer.packing); {type(model).__name__} has none: "
             "use impl = 'custom'")
+    if config.cp_style == "ring" and config.cp_ring_kernel == "flash":
+        device = getattr(world.device, "type", str(world.device))
+        if device != "cuda" or config.dtype not in ("bfloat16", "float16"):
+            raise ValueError(f"trainer.model.cp_ring_kernel = 'flash' needs a GPU computing in bfloat16 or float16 "
+                             f"(this run: {device}, {config.dtype}); set it to 'auto' or 'eager'")
     group = cp_group(mesh, world, config.cp)
     for name, module in targets:
         inner = module.attention_fn
@@ -59,5 +81,5 @@ def apply(model, *, mesh, config, world):
         if isinstance(inner, torch.nn.Module):
             raise TypeError(f"{name}.attention_fn is a module ({type(inner).__name__}); the cp strategy wraps a "
                             "plain function and would move its parameters")
-        module.attention_fn = CPAttention(config.cp_style, group, inner)
+        module.attention_fn = CPAttention(config.cp_style, group, inner, config.cp_ring_kernel)
     return model

@@ -128,7 +128,8 @@ def applied_case(style: str, group, mesh) -> dict:
     expected = reference(x_full, row)
     expected.square().sum().backward()
 
-    apply(model, mesh=mesh, config=SimpleNamespace(cp=size, cp_style=style), world=distributed.World())
+    apply(model, mesh=mesh, config=SimpleNamespace(cp=size, cp_style=style, cp_ring_kernel="auto"),
+          world=distributed.World())
     local = cp_indices(row.length, rank, size, device=DEVICE)
     x_local = x[local].clone().requires_grad_()
     out = model(x_local, row.select(local))
@@ -170,6 +171,15 @@ def main() -> int:
         if world.size == 2:
             results[f"{kind}_f32"] = attention_case(kind, group, dtype=torch.float32)
             results[f"{kind}_bf16"] = attention_case(kind, group, dtype=torch.bfloat16)
+    # The flash block kernel's plans through the real ring (flash's calls emulated by the eager
+    # kernel, test_flash_block.py), and on GPUs torch's flash kernel itself in bf16.
+    from test_flash_block import EMULATED
+
+    results["ring_plan"] = attention_case("ring", group, kernel=EMULATED)
+    if DEVICE.type == "cuda":
+        from prime_plugin_cp.flash_block import FLASH
+
+        results["ring_flash"] = attention_case("ring", group, hq=16, hkv=8, dtype=torch.bfloat16, kernel=FLASH)
     results["ring_isolated"] = counted_blocks(group)
     results["head_error"] = head_error(group)
     if world.main:

@@ -1,6 +1,8 @@
 """prime-plugin-cp: ring and ulysses attention over 2 and 4 gloo processes match a float64
 single-process reference on a packed row of uneven samples (GQA and MQA heads), in outputs and
-in q/k/v gradients; the block kernel, the merge and the strategy's errors on their own."""
+in q/k/v gradients (the ring also on the flash block kernel's plans, flash's calls emulated;
+on GPUs with torch's flash kernel); the block kernel, the merge and the strategy's errors on
+their own."""
 
 import json
 import math
@@ -16,13 +18,15 @@ from prime_core import PLUGIN_API_VERSION
 from prime_core.plugins import PluginManager
 
 WORKER = Path(__file__).with_name("cp_worker.py")
-TOLERANCE = {"f64": 1e-12, "mqa": 1e-12, "apply": 1e-11, "isolated": 1e-12, "f32": 1e-5, "bf16": 5e-2}
+TOLERANCE = {"f64": 1e-12, "mqa": 1e-12, "apply": 1e-11, "isolated": 1e-12, "plan": 1e-12, "f32": 1e-5,
+             "bf16": 5e-2, "flash": 5e-2}
 """Max absolute error against the float64 reference (inputs ~N(0, 1), head dim 16): float64
 runs agree to rounding; float32 inputs accumulate in float32; bfloat16 inputs are themselves
 rounded to 8 bits before the kernel sees them."""
-CASES = {2: ["ring_f64", "ring_mqa", "ring_apply", "ring_f32", "ring_bf16", "ring_isolated",
+CASES = {2: ["ring_f64", "ring_mqa", "ring_apply", "ring_f32", "ring_bf16", "ring_isolated", "ring_plan",
              "ulysses_f64", "ulysses_mqa", "ulysses_apply", "ulysses_f32", "ulysses_bf16"],
-         4: ["ring_f64", "ring_mqa", "ring_apply", "ring_isolated", "ulysses_f64", "ulysses_mqa", "ulysses_apply"]}
+         4: ["ring_f64", "ring_mqa", "ring_apply", "ring_isolated", "ring_plan", "ulysses_f64", "ulysses_mqa",
+             "ulysses_apply"]}
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +62,19 @@ def test_matches_a_single_process(distributed_runs, size, case):
         assert (errors.pop("forward_blocks"), errors.pop("backward_blocks")) == (1, 1)
     worst = max(errors.values())
     assert worst <= tolerance, errors
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("size", [2, 4])
+def test_the_flash_ring_with_nccl_matches_a_single_process(distributed_runs, size):
+    """On GPUs (NCCL) the worker also runs the ring on torch's flash block kernel in bf16."""
+    import torch
+
+    if torch.cuda.device_count() < size:
+        pytest.skip(f"needs {size} GPUs ({torch.cuda.device_count()} visible)")
+    errors = distributed_runs(size)["ring_flash"]
+    assert errors.pop("nonfinite") == 0.0 and errors.pop("wrong_dtype") == 0.0
+    assert max(errors.values()) <= TOLERANCE["flash"], errors
 
 
 @pytest.mark.parametrize("size", [2, 4])
@@ -193,7 +210,19 @@ def test_apply_without_a_cp_mesh_says_so():
     model = _NoAttention()
     model.attention_fn = lambda *args: None
     with pytest.raises(RuntimeError, match="no 'cp' device mesh"):
-        apply(model, mesh=None, config=SimpleNamespace(cp=2, cp_style="ring"), world=SimpleNamespace(meshes={}))
+        apply(model, mesh=None, config=SimpleNamespace(cp=2, cp_style="ring", cp_ring_kernel="auto"),
+              world=SimpleNamespace(meshes={}))
+
+
+def test_a_flash_ring_is_refused_where_it_cannot_run():
+    from prime_plugin_cp.strategy import apply
+
+    model = _NoAttention()
+    model.attention_fn = lambda *args: None
+    config = SimpleNamespace(cp=2, cp_style="ring", cp_ring_kernel="flash", dtype="bfloat16")
+    with pytest.raises(ValueError, match="cp_ring_kernel = 'flash' needs a GPU computing in bfloat16 or float16 "
+                                         r"\(this run: cpu, bfloat16\); set it to 'auto' or 'eager'"):
+        apply(model, mesh=None, config=config, world=SimpleNamespace(device="cpu"))
 
 
 def test_ring_refuses_mismatched_heads_before_communicating():

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Issue 20's GPU phases (one 10-minute device call each; CUDA_VISIBLE_DEVICES picks the GPUs):
+#   bash benchmarks/scale_gpu.sh tests      # 1 GPU: fast defaults on a GPU, the ring's flash block kernel
+#   bash benchmarks/scale_gpu.sh tests4     # 4 GPUs: EP/CP parity with NCCL (ep 2 x dp_mod_ep 2), the flash ring
+#   bash benchmarks/scale_gpu.sh ring       # 1 GPU: ring block kernel vs the fused kernel alone (ring_block_bench.py)
+#   bash benchmarks/scale_gpu.sh defaults   # 1 GPU: HF step, prime's defaults, the best knobs; 8k, dense 1.7B
+#   bash benchmarks/scale_gpu.sh moe        # 1 GPU: the 2.9B MoE shape at 8k, the recorded config vs the defaults
+# Results under $OUT (ring_block.jsonl, results.jsonl + hf.json, parallel.jsonl), logs beside them. Every
+# trainer run records prime plan's prediction (predicted_peak_gib) beside its measured peak.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/prime-scale}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+python3 -c "import prime_core, prime_plugin_cp" 2>/dev/null || {
+  bash benchmarks/device_setup.sh > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
+}
+model=/tmp/qwen3-1.7b-random
+for phase in "$@"; do
+  case "$phase" in
+    tests)
+      timeout 500 python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py -k fast_defaults \
+        plugins/parallel/cp/tests/test_flash_block.py > "$OUT/scale_tests.log" 2>&1
+      tail -8 "$OUT/scale_tests.log" ;;
+    tests4)
+      timeout 380 python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py -k expert \
+        > "$OUT/scale_tests4.log" 2>&1
+      timeout 180 python3 -m pytest -q -p no:cacheprovider -rs plugins/parallel/cp/tests/test_cp_plugin.py \
+        -k flash_ring >> "$OUT/scale_tests4.log" 2>&1
+      grep -E "passed|failed|error" "$OUT/scale_tests4.log" ;;
+    ring)
+      timeout 250 python3 benchmarks/ring_block_bench.py --tokens 131072 --cp 4 --no-eager \
+        --out "$OUT/ring_block.jsonl" > "$OUT/ring_block.log" 2>&1 || echo "ring bench exited $?"
+      timeout 250 python3 benchmarks/ring_block_bench.py --tokens 32768 --cp 4 --samples 4 \
+        --out "$OUT/ring_block.jsonl" >> "$OUT/ring_block.log" 2>&1 || echo "ring bench (packed) exited $?"
+      grep summary "$OUT/ring_block.jsonl" ;;
+    defaults)
+      timeout 120 python3 benchmarks/trainer_memory.py model --model-dir $model --out "$OUT" > "$OUT/defaults.log" 2>&1
+      timeout 120 python3 benchmarks/hf_baseline.py --seq-lens 8192 --output-json "$OUT/hf.json" \
+        >> "$OUT/defaults.log" 2>&1 || echo "hf baseline exited $?"
+      timeout 330 python3 benchmarks/trainer_memory.py knobs --model-dir $model --out "$OUT" --seq-lens 8192 \
+        --knobs fast_defaults custom_fast custom_fast_bf16 --warmup 2 --steps 6 >> "$OUT/defaults.log" 2>&1
+      python3 benchmarks/trainer_memory.py table --out "$OUT" ;;
+    moe)
+      for recipe in default fast-defaults; do
+        timeout 250 python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/parallel_bench.py moe \
+          --ep 1 --recipe $recipe --seq-lens 8192 --samples-per-group 1 --warmup 1 --steps 3 --out "$OUT" \
+          >> "$OUT/moe.log" 2>&1 || echo "moe $recipe exited $?"
+      done
+      grep -E "^moe " "$OUT/moe.log" ;;
+    *) echo "unknown phase $phase (tests, tests4, ring, defaults, moe)"; exit 2 ;;
+  esac
+done
+exit 0

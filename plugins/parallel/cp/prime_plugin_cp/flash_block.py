@@ -1,0 +1,232 @@
+"""The ring's block kernel on torch's bundled flash-attention varlen kernel, which returns the
+log-sum-exp the ring merges with (``aten._flash_attention_forward`` / ``_backward``; CUDA,
+bf16/fp16, head dim up to 256).
+
+A block is this rank's queries against one rank's keys. Under the CP split each rank holds a
+few contiguous runs of the row (``cp_indices``: chunks ``r`` and ``2 cp − 1 − r``), so every
+(query run, key run) pair is one of three shapes, each one flash call:
+
+- the same run: causal attention within each sample of the run (varlen, the samples'
+  boundaries as sequences);
+- keys entirely before the queries: only the sample that spans from the end of the key run to
+  the start of the query run connects them, and it sees every key (no mask);
+- keys after the queries: nothing.
+
+The parts of a block are merged by log-sum-exp like the ring's blocks. The backward pass calls
+flash's backward per part with the ring's final output and log-sum-exp (so each part's
+probabilities are the full softmax's, as the eager kernel's recomputation has them) and adds
+the parts' gradients in float32. Any other pattern (runs that partly overlap) goes to the eager
+kernel. The plan of every block (the runs and samples, one host sync) is made once per ring
+call by ``prepare`` and reused by the backward pass.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from prime_plugin_cp.block import BlockKernel, acc_dtype, block_backward, block_forward
+
+MAX_HEAD_DIM = 256
+
+
+@dataclass(frozen=True)
+class Part:
+    """One flash call of a block: queries ``q`` and keys ``k`` (local token ranges),
+    sequences ``cu_q`` / ``cu_k`` (offsets inside the ranges), ``causal`` or not."""
+
+    q: tuple[int, int]
+    k: tuple[int, int]
+    cu_q: tuple[int, ...]
+    cu_k: tuple[int, ...]
+    causal: bool
+
+    @property
+    def max_q(self) -> int:
+        return max(b - a for a, b in zip(self.cu_q, self.cu_q[1:], strict=False))
+
+    @property
+    def max_k(self) -> int:
+        return max(b - a for a, b in zip(self.cu_k, self.cu_k[1:], strict=False))
+
+
+@dataclass(frozen=True)
+class Run:
+    """Local tokens ``[start, end)`` whose row positions are consecutive from ``index``; its
+    samples as ``(local start, local end, segment id)``."""
+
+    start: int
+    end: int
+    index: int
+    pieces: tuple[tuple[int, int, int], ...]
+
+    @property
+    def stop(self) -> int:
+        """The row position after the run's last token."""
+        return self.index + self.end - self.start
+
+
+def runs_of(boundaries: list[tuple[int, int, int]], length: int) -> list[Run]:
+    """Runs from the positions where a new piece starts, ``(local position, row index,
+    segment)``, in order (the first at position 0)."""
+    runs: list[Run] = []
+    pieces: list[tuple[int, int, int]] = []
+    start = index = 0
+    for number, (pos, row, seg) in enumerate(boundaries):
+        end = boundaries[number + 1][0] if number + 1 < len(boundaries) else length
+        if pieces and row != index + (pos - start):  # a jump in the row: a new run
+            runs.append(Run(start, pos, index, tuple(pieces)))
+            pieces = []
+        if not pieces:
+            start, index = pos, row
+        if pieces and pieces[-1][2] == seg:  # the same sample goes on
+            pieces[-1] = (pieces[-1][0], end, seg)
+        else:
+            pieces.append((pos, end, seg))
+    if pieces:
+        runs.append(Run(start, length, index, tuple(pieces)))
+    return runs
+
+
+def plan_block(queries: list[Run], keys: list[Run]) -> list[Part] | None:
+    """The flash calls of one block, or ``None`` when a pair of runs partly overlaps."""
+    parts = []
+    for qr in queries:
+        for kr in keys:
+            if kr.index >= qr.stop:  # every key after every query
+                continue
+            if (kr.index, kr.stop) == (qr.index, qr.stop):
+                cu = tuple(a - qr.start for a, _, _ in qr.pieces) + (qr.end - qr.start,)
+                parts.append(Part((qr.start, qr.end), (kr.start, kr.end), cu, cu, causal=True))
+            elif kr.stop <= qr.index:
+                q_first, k_last = qr.pieces[0], kr.pieces[-1]
+                if q_first[2] == k_last[2]:  # the sample that spans from the keys to the queries
+                    parts.append(Part((q_first[0], q_first[1]), (k_last[0], k_last[1]), (0, q_first[1] - q_first[0]),
+                                      (0, k_last[1] - k_last[0]), causal=False))
+            else:
+                return None
+    return parts
+
+
+def prepare(meta, rank: int) -> list[list[Part] | None]:
+    """For ``meta [n, 2, L]`` (every rank's row positions and sample ids), the plan of each
+    block of rank ``rank``'s queries, by source rank; one host sync."""
+    import torch
+
+    n, _, length = meta.shape
+    index, seg = meta[:, 0], meta[:, 1]
+    new = torch.ones(n, length, dtype=torch.bool, device=meta.device)
+    if length > 1:
+        new[:, 1:] = (index[:, 1:] != index[:, :-1] + 1) | (seg[:, 1:] != seg[:, :-1])
+    ranks, pos = new.nonzero(as_tuple=True)
+    rows = torch.stack([ranks, pos, index[ranks, pos], seg[ranks, pos]]).tolist()
+    boundaries: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
+    for r, p, i, s in zip(*rows, strict=True):
+        boundaries[r].append((p, i, s))
+    runs = [runs_of(b, length) for b in boundaries]
+    return [plan_block(runs[rank], runs[source]) for source in range(n)]
+
+
+# ------------------------------------------------------------------ the varlen calls
+
+
+def _cu(offsets, device):
+    import torch
+
+    return torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
+def flash_forward_part(q, k, v, part: Part, scale):
+    """``(out [n, Hq, D] in q's dtype, lse [Hq, n] float32)`` of one part."""
+    import torch
+
+    out, lse, *_ = torch.ops.aten._flash_attention_forward(
+        q, k, v, _cu(part.cu_q, q.device), _cu(part.cu_k, q.device), part.max_q, part.max_k, 0.0, part.causal,
+        False, scale=scale)
+    return out, lse
+
+
+def flash_backward_part(dout, q, k, v, out, lse, part: Part, scale):
+    """``(dq, dk, dv)`` of one part, from the final output and log-sum-exp ``lse [Hq, n]``."""
+    import torch
+
+    rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)  # no dropout: never read
+    unused = torch.empty(0, device=q.device)
+    return torch.ops.aten._flash_attention_backward(
+        dout, q, k, v, out, lse, _cu(part.cu_q, q.device), _cu(part.cu_k, q.device), part.max_q, part.max_k, 0.0,
+        part.causal, rng_state, unused, scale=scale)
+
+
+class FlashBlocks:
+    """The kernel's calls; tests put an eager emulation of flash's contract in their place."""
+
+    forward = staticmethod(flash_forward_part)
+    backward = staticmethod(flash_backward_part)
+
+
+def make_kernel(calls=FlashBlocks) -> BlockKernel:
+    """A ``BlockKernel`` running each block's parts through ``calls``."""
+
+    def forward(q, k, v, q_index, q_seg, k_index, k_seg, scale, *, plan=None):
+        if plan is None:
+            return block_forward(q, k, v, q_index, q_seg, k_index, k_seg, scale)
+        import torch
+
+        from prime_plugin_cp.ring import merge
+
+        acc = acc_dtype(q.dtype)
+        out = torch.zeros(q.shape, dtype=acc, device=q.device)
+        lse = torch.full(q.shape[:2], float("-inf"), dtype=acc, device=q.device)
+        for part in plan:
+            (qa, qb), (ka, kb) = part.q, part.k
+            part_out, part_lse = calls.forward(q[qa:qb], k[ka:kb], v[ka:kb], part, scale)
+            merge(out[qa:qb], lse[qa:qb], part_out.to(acc), part_lse.t().to(acc))
+        return out, lse
+
+    def backward(dout, q, k, v, lse, delta, q_index, q_seg, k_index, k_seg, scale, *, out=None, plan=None):
+        if plan is None or out is None:
+            return block_backward(dout, q, k, v, lse, delta, q_index, q_seg, k_index, k_seg, scale)
+        import torch
+
+        acc = acc_dtype(q.dtype)
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        dk = torch.zeros(k.shape, dtype=acc, device=q.device)
+        dv = torch.zeros(v.shape, dtype=acc, device=q.device)
+        lse_t = lse.t()  # the accumulation dtype: float32 for flash's bf16/fp16
+        for part in plan:
+            (qa, qb), (ka, kb) = part.q, part.k
+            grads = calls.backward(dout[qa:qb].contiguous(), q[qa:qb], k[ka:kb], v[ka:kb], out[qa:qb].contiguous(),
+                                   lse_t[:, qa:qb].contiguous(), part, scale)
+            dq[qa:qb] += grads[0]
+            dk[ka:kb] += grads[1]
+            dv[ka:kb] += grads[2]
+        return dq, dk, dv
+
+    return BlockKernel(forward=forward, backward=backward, prepare=prepare)
+
+
+FLASH = make_kernel()
+
+
+def unavailable(q) -> str | None:
+    """Why the flash block kernel cannot run on ``q`` (``None`` when it can)."""
+    import torch
+
+    if not q.is_cuda:
+        return "it needs CUDA tensors"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"it runs in bfloat16 or float16, not {q.dtype}"
+    if not hasattr(torch.ops.aten, "_flash_attention_forward"):
+        return f"torch {torch.__version__} has no aten._flash_attention_forward"
+    if q.shape[-1] > MAX_HEAD_DIM or q.shape[-1] % 8:
+        return f"flash attention takes head dims up to {MAX_HEAD_DIM} in multiples of 8, not {q.shape[-1]}"
+    if _major(q.device.index if q.device.index is not None else torch.cuda.current_device()) < 8:
+        return "flash attention needs an Ampere or newer GPU"
+    return None
+
+
+@functools.cache
+def _major(index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_capability(index)[0]

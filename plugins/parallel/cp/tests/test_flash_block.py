@@ -1,0 +1,168 @@
+"""The ring's flash block kernel (``prime_plugin_cp.flash_block``): how it splits each block
+into flash calls, and, with flash's varlen contract emulated by the eager kernel (below), that
+the ring built on it matches dense attention in outputs and q/k/v gradients on packed rows of
+uneven samples under the zigzag split (cp 2 and 4, GQA and MQA). On a GPU (``gpu`` marker) the
+same ring runs torch's real flash kernel in bf16."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from prime_core.trainer.packing import Packing, cp_indices, pad_to
+from prime_plugin_cp.block import EAGER, block_backward, block_forward
+from prime_plugin_cp.flash_block import FLASH, Part, make_kernel, plan_block, runs_of
+from prime_plugin_cp.reference import dense_attention
+from prime_plugin_cp.ring import merge
+
+UNEVEN = (37, 5, 83)
+D = 16
+
+
+# Flash attention's varlen contract, emulated with the eager block kernel (any device and
+# dtype), in place of aten._flash_attention_forward / _backward: each sequence of a part
+# attends its own keys, causally with the mask aligned to the bottom right (flash's rule) or
+# all of them; the forward returns (out in q's dtype, lse [H, n]); the backward recomputes the
+# probabilities from the given final out and lse.
+def _positions(part, device):
+    q_index, q_seg, k_index, k_seg = [], [], [], []
+    for number, (qa, qb, ka, kb) in enumerate(zip(part.cu_q, part.cu_q[1:], part.cu_k, part.cu_k[1:], strict=False)):
+        nq, nk = qb - qa, kb - ka
+        k_index.append(torch.arange(nk))
+        q_index.append(torch.arange(nq) + (nk - nq) if part.causal else torch.full((nq,), nk))
+        q_seg.append(torch.full((nq,), number))
+        k_seg.append(torch.full((nk,), number))
+    return [torch.cat(t).to(device) for t in (q_index, q_seg, k_index, k_seg)]
+
+
+class EagerFlash:
+    @staticmethod
+    def forward(q, k, v, part, scale):
+        out, lse = block_forward(q, k, v, *_positions(part, q.device), scale)
+        return out.to(q.dtype), lse.t().contiguous()  # float32 for bf16 inputs, as flash returns it
+
+    @staticmethod
+    def backward(dout, q, k, v, out, lse, part, scale):
+        delta = (dout.double() * out.double()).sum(-1).to(torch.promote_types(q.dtype, torch.float32))
+        dq, dk, dv = block_backward(dout, q, k, v, lse.t(), delta, *_positions(part, q.device), scale)
+        return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
+
+
+
+EMULATED = make_kernel(EagerFlash)
+
+
+def _row(lengths, cp, device="cpu") -> Packing:
+    positions = [torch.arange(n) for n in lengths]
+    filler = pad_to(sum(lengths), 2 * cp) - sum(lengths)
+    if filler:
+        positions.append(torch.arange(filler))
+    return Packing.from_position_ids(torch.cat(positions).to(device))
+
+
+def ring_in_one_process(q, k, v, dout, row, cp, kernel, scale):
+    """The ring's arithmetic for every CP rank in one process (what ``ring_forward`` and
+    ``ring_backward`` do, without the sends): outputs and q/k/v gradients of the whole row."""
+    locals_ = [cp_indices(row.length, r, cp, device=q.device) for r in range(cp)]
+    meta = torch.stack([torch.stack([row.index[i], row.segment_ids[i]]) for i in locals_]).to(torch.int64)
+    out, dq = torch.zeros_like(q), torch.zeros_like(q, dtype=torch.float64)
+    dk, dv = (torch.zeros_like(k, dtype=torch.float64) for _ in range(2))
+    acc = torch.promote_types(q.dtype, torch.float32)
+    for rank, mine in enumerate(locals_):
+        plans = kernel.prepare(meta, rank) if kernel.prepare is not None else None
+        qr, qi, qs = q[mine], meta[rank, 0], meta[rank, 1]
+        o = torch.zeros(qr.shape, dtype=acc)
+        lse = torch.full(qr.shape[:2], float("-inf"), dtype=acc)
+        for source, theirs in enumerate(locals_):
+            extra = {"plan": plans[source]} if plans is not None else {}
+            merge(o, lse, *kernel.forward(qr, k[theirs], v[theirs], qi, qs, meta[source, 0], meta[source, 1], scale,
+                                          **extra))
+        final = o.to(q.dtype)
+        out[mine] = final
+        delta = (dout[mine].to(acc) * final.to(acc)).sum(-1)
+        for source, theirs in enumerate(locals_):
+            extra = {"plan": plans[source], "out": final} if plans is not None else {}
+            g = kernel.backward(dout[mine], qr, k[theirs], v[theirs], lse, delta, qi, qs, meta[source, 0],
+                                meta[source, 1], scale, **extra)
+            dq[mine] += g[0].double()
+            dk[theirs] += g[1].double()
+            dv[theirs] += g[2].double()
+    return out, dq, dk, dv
+
+
+def _errors(kernel, cp, *, hq=4, hkv=2, dtype=torch.float64, device="cpu"):
+    row = _row(UNEVEN, cp, device)
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, dout = (torch.randn(row.length, h, D, dtype=torch.float64, generator=gen).to(device)
+                     for h in (hq, hkv, hkv, hq))
+    scale = 1 / math.sqrt(D)
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = dense_attention(*full, row, scale)
+    want.backward(dout)
+    want = want.detach()
+    got = ring_in_one_process(*(t.to(dtype) for t in (q, k, v, dout)), row, cp, kernel, scale)
+    return {name: float((g.double() - w).abs().max())
+            for name, g, w in zip(("out", "dq", "dk", "dv"), got, (want, *(t.grad for t in full)), strict=True)}
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("heads", [(4, 2), (4, 1)], ids=["gqa", "mqa"])
+def test_the_flash_plan_matches_dense_attention(cp, heads):
+    errors = _errors(EMULATED, cp, hq=heads[0], hkv=heads[1])
+    assert max(errors.values()) < 1e-12, errors
+
+
+def test_the_eager_kernel_in_the_same_harness():
+    """The harness itself: the eager kernel through the same one-process ring."""
+    assert max(_errors(EAGER, 2).values()) < 1e-12
+
+
+def test_zigzag_blocks_become_few_flash_calls():
+    """cp = 2 on one 40-token sample: rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2."""
+    def runs(chunks):
+        return runs_of([(i * 10, c * 10, 0) for i, c in enumerate(chunks)], 20)
+
+    r0, r1 = runs([0, 3]), runs([1, 2])
+    assert [(r.start, r.end, r.index) for r in r1] == [(0, 20, 10)]  # chunks 1 and 2 are one run
+    own = plan_block(r0, r0)
+    assert [(p.q, p.k, p.causal) for p in own] == [((0, 10), (0, 10), True), ((10, 20), (0, 10), False),
+                                                   ((10, 20), (10, 20), True)]
+    assert [(p.q, p.k, p.causal) for p in plan_block(r0, r1)] == [((10, 20), (0, 20), False)]
+    assert [(p.q, p.k, p.causal) for p in plan_block(r1, r0)] == [((0, 20), (0, 10), False)]
+
+
+def test_only_the_spanning_sample_connects_earlier_keys():
+    """Samples 0 (row 0-14) and 1 (15-39): queries of chunk 3 (30-39) see keys of chunk 0
+    (0-9) only if one sample spans both; here none does."""
+    q = runs_of([(0, 30, 1)], 10)
+    k = runs_of([(0, 0, 0)], 10)
+    assert plan_block(q, k) == []
+    k_spanning = runs_of([(0, 0, 0), (5, 5, 1)], 10)  # sample 1 starts at row 5 and reaches row 39
+    assert plan_block(q, k_spanning) == [Part((0, 10), (5, 10), (0, 10), (0, 5), causal=False)]
+
+
+def test_partly_overlapping_runs_go_to_the_eager_kernel():
+    assert plan_block(runs_of([(0, 5, 0)], 10), runs_of([(0, 0, 0)], 10)) is None
+
+
+def test_the_kernel_is_chosen_per_call():
+    from prime_plugin_cp.strategy import block_kernel
+
+    q = torch.zeros(8, 4, 16, dtype=torch.bfloat16)
+    assert block_kernel("auto", q) is EAGER and block_kernel("eager", q) is EAGER
+    with pytest.raises(ValueError, match="cp_ring_kernel = 'flash' cannot run here: it needs CUDA tensors"):
+        block_kernel("flash", q)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cp", [2, 4])
+def test_torch_flash_in_the_ring_matches_dense_attention_on_a_gpu(cp):
+    """The real kernel: bf16 ring (flash blocks) against the float64 dense reference, beside
+    the eager block kernel on the same bf16 inputs (its error is the bound's scale)."""
+    errors = _errors(FLASH, cp, dtype=torch.bfloat16, device="cuda", hq=16, hkv=8)
+    eager = _errors(EAGER, cp, dtype=torch.bfloat16, device="cuda", hq=16, hkv=8)
+    for name, value in errors.items():
+        assert value <= 2 * eager[name] + 1e-2, (name, errors, eager)
