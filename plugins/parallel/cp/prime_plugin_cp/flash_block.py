@@ -23,7 +23,8 @@ call by ``prepare`` and reused by the backward pass.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from prime_plugin_cp.block import BlockKernel, acc_dtype, block_backward, block_forward
 
@@ -40,6 +41,9 @@ class Part:
     cu_q: tuple[int, ...]
     cu_k: tuple[int, ...]
     causal: bool
+    offsets: Any = field(default=None, compare=False, repr=False)
+    """``(cu_q, cu_k)`` as int32 device tensors, made by ``prepare`` in one copy: a copy per
+    call from host memory would wait for the GPU each time."""
 
     @property
     def max_q(self) -> int:
@@ -124,25 +128,50 @@ def prepare(meta, rank: int) -> list[list[Part] | None]:
     for r, p, i, s in zip(*rows, strict=True):
         boundaries[r].append((p, i, s))
     runs = [runs_of(b, length) for b in boundaries]
-    return [plan_block(runs[rank], runs[source]) for source in range(n)]
+    return with_offsets([plan_block(runs[rank], runs[source]) for source in range(n)], meta.device)
+
+
+def with_offsets(plans: list[list[Part] | None], device) -> list[list[Part] | None]:
+    """The plans with every part's sequence offsets on ``device``, copied at once."""
+    import torch
+
+    flat = [offset for plan in plans if plan for part in plan for offset in (*part.cu_q, *part.cu_k)]
+    if not flat:
+        return plans
+    offsets = torch.tensor(flat, dtype=torch.int32).to(device, non_blocking=True)
+    done, start = [], 0
+    for plan in plans:
+        if not plan:
+            done.append(plan)
+            continue
+        parts = []
+        for part in plan:
+            nq, nk = len(part.cu_q), len(part.cu_k)
+            parts.append(replace(part, offsets=(offsets[start:start + nq], offsets[start + nq:start + nq + nk])))
+            start += nq + nk
+        done.append(parts)
+    return done
 
 
 # ------------------------------------------------------------------ the varlen calls
 
 
-def _cu(offsets, device):
+def _offsets(part: Part, device):
+    if part.offsets is not None:
+        return part.offsets
     import torch
 
-    return torch.tensor(offsets, dtype=torch.int32, device=device)
+    return (torch.tensor(part.cu_q, dtype=torch.int32, device=device),
+            torch.tensor(part.cu_k, dtype=torch.int32, device=device))
 
 
 def flash_forward_part(q, k, v, part: Part, scale):
     """``(out [n, Hq, D] in q's dtype, lse [Hq, n] float32)`` of one part."""
     import torch
 
+    cu_q, cu_k = _offsets(part, q.device)
     out, lse, *_ = torch.ops.aten._flash_attention_forward(
-        q, k, v, _cu(part.cu_q, q.device), _cu(part.cu_k, q.device), part.max_q, part.max_k, 0.0, part.causal,
-        False, scale=scale)
+        q, k, v, cu_q, cu_k, part.max_q, part.max_k, 0.0, part.causal, False, scale=scale)
     return out, lse
 
 
@@ -152,9 +181,10 @@ def flash_backward_part(dout, q, k, v, out, lse, part: Part, scale):
 
     rng_state = torch.zeros(2, dtype=torch.uint64, device=q.device)  # no dropout: never read
     unused = torch.empty(0, device=q.device)
+    cu_q, cu_k = _offsets(part, q.device)
     return torch.ops.aten._flash_attention_backward(
-        dout, q, k, v, out, lse, _cu(part.cu_q, q.device), _cu(part.cu_k, q.device), part.max_q, part.max_k, 0.0,
-        part.causal, rng_state, unused, scale=scale)
+        dout, q, k, v, out, lse, cu_q, cu_k, part.max_q, part.max_k, 0.0, part.causal, rng_state, unused,
+        scale=scale)
 
 
 class FlashBlocks:
