@@ -19,9 +19,11 @@ model=/tmp/qwen3-1.7b-random
 for phase in "$@"; do
   case "$phase" in
     tests)
-      timeout 500 python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py -k fast_defaults \
-        plugins/parallel/cp/tests/test_flash_block.py > "$OUT/scale_tests.log" 2>&1
-      tail -8 "$OUT/scale_tests.log" ;;
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py -k fast_defaults \
+        > "$OUT/scale_tests.log" 2>&1
+      timeout 200 python3 -m pytest -q -p no:cacheprovider -rs plugins/parallel/cp/tests/test_flash_block.py \
+        >> "$OUT/scale_tests.log" 2>&1
+      grep -E "passed|failed|error" "$OUT/scale_tests.log" ;;
     tests4)
       timeout 380 python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py -k expert \
         > "$OUT/scale_tests4.log" 2>&1

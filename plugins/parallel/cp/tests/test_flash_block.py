@@ -73,8 +73,8 @@ def ring_in_one_process(q, k, v, dout, row, cp, kernel, scale):
     for rank, mine in enumerate(locals_):
         plans = kernel.prepare(meta, rank) if kernel.prepare is not None else None
         qr, qi, qs = q[mine], meta[rank, 0], meta[rank, 1]
-        o = torch.zeros(qr.shape, dtype=acc)
-        lse = torch.full(qr.shape[:2], float("-inf"), dtype=acc)
+        o = torch.zeros(qr.shape, dtype=acc, device=q.device)
+        lse = torch.full(qr.shape[:2], float("-inf"), dtype=acc, device=q.device)
         for source, theirs in enumerate(locals_):
             extra = {"plan": plans[source]} if plans is not None else {}
             merge(o, lse, *kernel.forward(qr, k[theirs], v[theirs], qi, qs, meta[source, 0], meta[source, 1], scale,
