@@ -349,15 +349,19 @@ class Router(Spec):
     ``make(urls: list[str])`` is called once by the orchestrator with the replica URLs of
     ``orchestrator.client.base_url``. The object it returns has
 
-    - ``pick(request: SampleRequest) -> str``: one of ``urls`` for this request
-      (``prime_core.inference.client.SampleRequest``; ``request.session_id`` names its
-      trajectory, so that a router can keep a session on one replica);
+    - ``pick(request: SampleRequest, exclude: Collection[str] = ()) -> str``: one of ``urls``
+      for this request, never one in ``exclude`` (``prime_core.inference.client.SampleRequest``;
+      ``request.session_id`` names its trajectory, so that a router can keep a session on one
+      replica). ``exclude`` holds the replicas the orchestrator found down and those this
+      request already failed on (a failed request is retried on another replica); it never
+      holds every URL.
     - ``done(url: str, *, ok: bool, latency: float) -> None``: called exactly once after every
       ``pick``, when that request finished: ``ok`` is ``False`` when it raised (or was
       cancelled), ``latency`` its wall-clock seconds.
 
     Both are plain calls on the orchestrator's event loop thread, so they must not block;
-    requests are in flight between ``pick`` and ``done``, many at once.
+    requests are in flight between ``pick`` and ``done``, many at once. The contract suite is
+    ``prime_core.testing.contracts.router``.
     """
 
     make: Ref = ref()
