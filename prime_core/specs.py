@@ -326,6 +326,10 @@ class InferenceBackend(Spec):
       old adapters); requests already running may finish on the previous weights. Returns a
       few words for the log (``"LoRA adapter <name>"``), or ``None``.
     - ``async close()``: release connections; called once, last (also after errors).
+    - optionally ``async requests_served() -> float | None``: how many sampling requests the
+      server answered since it started (``None``: unknown); with a router in front of the
+      engines (``orchestrator.client.admin_base_url``), the orchestrator counts requests per
+      engine with it.
 
     The coroutines are awaited on the orchestrator's one event loop (one thread):
     ``sample`` calls overlap each other and ``load_weights``; ``load_weights`` calls on one
