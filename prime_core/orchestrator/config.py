@@ -39,13 +39,13 @@ class ClientConfig(ApiKeyRef):
     orchestrator says so in its log, the metrics count the replicas up; with none left the run
     stops), or ``stop`` the run naming it. In ``prime run`` the launcher follows this too: a
     replica's process that dies ends the run only with ``stop``."""
-    max_retries: int = Field(default=3, ge=0)
+    max_retries: int = Field(default=4, ge=0)
     """Tries after a failed request, each on another replica when one is up (behind a single
-    URL, a router: the same URL after a pause of 1, 2, 4, ... s, while it notices the dead
+    URL, a router: the same URL after a pause of 1, 2, 4, 8 s, while it notices the dead
     engine); then the run stops with the error."""
     health_interval: float = Field(default=5.0, gt=0)
-    """Seconds between health checks of every replica while the run goes on (a replica found
-    down is checked again, and takes the current weights before it serves again)."""
+    """Seconds between health checks of every engine while the run goes on (one found down is
+    checked again, and takes the current weights before it serves again)."""
 
     @model_validator(mode="before")
     @classmethod

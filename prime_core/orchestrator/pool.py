@@ -9,8 +9,8 @@ URLs), never through a router. There is one backend client per distinct URL.
   (``max_retries``) on another replica, and the replica it failed on is health-checked at
   once. Behind a single URL the retry goes to that URL again after a pause, while the router
   in front notices the dead engine.
-- Health: every replica is checked every ``health_interval`` seconds. A replica that fails its
-  check is down: ``on_replica_failure = "stop"`` stops the run naming it; ``"continue"`` goes
+- Health: every engine is checked every ``health_interval`` seconds (a router in front is
+  not: its process is the launcher's to watch). An engine that fails its check is down: ``on_replica_failure = "stop"`` stops the run naming it; ``"continue"`` goes
   on with the others (said in the log, counted in the metrics) until none is left. A replica
   that answers again gets the current weights before it serves again.
 - Per step: requests finished per replica (the orchestrator's own count; behind a router,
@@ -99,14 +99,15 @@ class ReplicaPool:
     async def sample(self, request):
         """``request`` on a replica the router picks; retried elsewhere when it fails."""
         tried: set[str] = set()
-        attempt = 0
+        attempt = rounds = 0
         while True:
             down = {r.url for r in self.sampling if not r.up}
             if len(down) == len(self.sampling):
                 raise self._none_left()
             if down | tried >= {r.url for r in self.sampling}:  # every replica up was tried: again, after a pause
                 tried.clear()
-                await asyncio.sleep(min(2.0 ** (attempt - 1), RETRY_PAUSE_CAP))
+                rounds += 1
+                await asyncio.sleep(min(2.0 ** (rounds - 1), RETRY_PAUSE_CAP))
             exclude = frozenset(down | tried)
             url = self.router.pick(request, exclude=exclude)
             replica = self.replicas.get(url)
@@ -128,7 +129,8 @@ class ReplicaPool:
                 if len(samples) != request.n:
                     raise PrimeError(f"inference server at {url} returned {len(samples)} samples for n = {request.n}")
                 return samples
-            await self.check(replica)
+            if replica.engine:  # a router in front is not judged by its health: it reports its engines'
+                await self.check(replica)
             attempt += 1
             if attempt > self.config.max_retries:
                 raise error
@@ -154,20 +156,19 @@ class ReplicaPool:
 
     def _down(self, replica: Replica) -> None:
         replica.up = False
-        what = "inference replica" if replica.engine else "inference router"
         if self.config.on_replica_failure == "stop":
-            raise PrimeError(f"{what} {replica.url} stopped answering its health check "
+            raise PrimeError(f"inference replica {replica.url} stopped answering its health check "
                              "(orchestrator.client.on_replica_failure = 'stop')",
                              hint="see its log under output_dir/logs/; on_replica_failure = 'continue' goes on "
                                   "with the other replicas")
         if not self.up(self.sampling) or not self.up(self.engines):
             raise self._none_left()
-        print(f"warning: {what} {replica.url} stopped answering its health check: going on with "
+        print(f"warning: inference replica {replica.url} stopped answering its health check: going on with "
               f"{len(self.up(self.engines))} of {len(self.engines)} replica(s) "
               "(orchestrator.client.on_replica_failure = 'continue')", flush=True)
 
     async def _back(self, replica: Replica) -> None:
-        if replica.engine and self.on_back is not None:
+        if self.on_back is not None:
             try:
                 await self.on_back(replica.client)
             except PrimeError as exc:
@@ -187,7 +188,7 @@ class ReplicaPool:
         """Check every replica every ``health_interval`` seconds, for as long as the run goes."""
         while True:
             await asyncio.sleep(self.config.health_interval)
-            await asyncio.gather(*(self.check(r) for r in self.replicas.values()))
+            await asyncio.gather(*(self.check(r) for r in self.engines))
 
     def start_monitor(self) -> None:
         self._monitor = asyncio.ensure_future(self.monitor())
