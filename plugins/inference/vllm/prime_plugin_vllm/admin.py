@@ -106,12 +106,10 @@ class VLLMAdmin:
             return None
         if response.status_code != 200:
             return None
-        served = None
-        for line in response.text.splitlines():
-            if line.startswith("http_requests_total{") and 'handler="/v1/completions"' in line \
-                    and 'status="2xx"' in line:
-                served = (served or 0.0) + float(line.rsplit(" ", 1)[1])
-        return served
+        # No line yet: no completions request answered yet.
+        return sum(float(line.rsplit(" ", 1)[1]) for line in response.text.splitlines()
+                   if line.startswith("http_requests_total{") and 'handler="/v1/completions"' in line
+                   and 'status="2xx"' in line)
 
     def collective_rpc(self, method: str, *, args: list[str] | None = None, kwargs: dict[str, str] | None = None,
                        timeout: float | None = None) -> list:

@@ -4,7 +4,8 @@ inference replicas.
 - ``prime_config_sections``: the ``inference.router`` table (``router`` in a ``prime
   inference`` config), and, merged into the RL config, what points the orchestrator at the
   router (requests) and at each engine (weight updates, health: ``admin_base_url``).
-- ``prime_services``: the router process the launcher starts after the replicas.
+- ``prime_services``: the router process the launcher starts after the replicas,
+  ``prime vllm-router output_dir/configs/inference.json`` (``prime_cli_commands``).
 - ``prime_validate_config``: what would fail only once the run is up.
 
 Importing this module is cheap: vllm-router itself runs in its own process.
@@ -13,7 +14,7 @@ Importing this module is cheap: vllm-router itself runs in its own process.
 from __future__ import annotations
 
 from prime_core import hookimpl
-from prime_core.specs import ConfigSection
+from prime_core.specs import CliCommand, ConfigSection
 
 PRIME_PLUGIN_API = 1
 
@@ -25,6 +26,12 @@ def prime_config_sections():
                       roots=("rl",), description="vllm-router in front of the inference replicas"),
         ConfigSection(name="", merge=True, model="prime_plugin_vllm_router.config:RouterInFront", roots=("rl",)),
     ]
+
+
+@hookimpl
+def prime_cli_commands():
+    return [CliCommand(name="vllm-router", app="prime_plugin_vllm_router.cli:vllm_router",
+                       description="Run vllm-router in front of the replicas of a resolved inference config.")]
 
 
 @hookimpl

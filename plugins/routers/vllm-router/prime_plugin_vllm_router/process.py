@@ -1,10 +1,11 @@
 """vllm-router's command line, from the inference config, and the process the launcher starts.
 
-The router is vllm-router's own launcher (``python -m vllm_router.launch_router``, what its
-``vllm-router`` console script runs), started by the launcher as the service role
-``vllm-router``: its own process group, its output in ``output_dir/logs/vllm-router.log``,
-tied to the launcher like every role (the kernel SIGTERMs it when the launcher dies; on SIGTERM
-it shuts down gracefully), stopped with the run. It waits for every engine to answer its
+The launcher starts ``prime vllm-router output_dir/configs/inference.json`` (``cli.py``) as the
+service role ``vllm-router``, which becomes vllm-router's own launcher (``python -m
+vllm_router.launch_router``, what its ``vllm-router`` console script runs): its own process
+group, its output in ``output_dir/logs/vllm-router.log``, tied to the launcher like every role
+(the kernel SIGTERMs it when the launcher dies; on SIGTERM it shuts down gracefully), stopped
+with the run. It waits for every engine to answer its
 ``/health`` (up to ``inference.startup_timeout``) before it listens, then checks them every
 ``health_check_interval`` seconds and leaves an engine that fails out of the rotation.
 """
@@ -81,10 +82,11 @@ def command(inference) -> list[str]:
 
 def service(config, root: str, configs: dict[str, Path]):
     """The launch plan's process for the router of ``config`` (``None`` without one)."""
-    from prime_core.launch.plan import RoleProcess
+    from prime_core.launch.plan import RoleProcess, python_command
 
     inference = config if root == "inference" else getattr(config, "inference", None)
     if getattr(inference, "router", None) is None or "inference" not in configs:
         return None
-    return RoleProcess(role=ROLE, command=command(inference), config=configs["inference"],
-                       log=Path(config.output_dir) / "logs" / LOG_NAME, service=True, port=router_port(inference))
+    return RoleProcess(role=ROLE, command=[*python_command(), "-m", "prime_core", ROLE, str(configs["inference"])],
+                       config=configs["inference"], log=Path(config.output_dir) / "logs" / LOG_NAME, service=True,
+                       port=router_port(inference))
