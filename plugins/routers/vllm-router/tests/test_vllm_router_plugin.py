@@ -144,3 +144,74 @@ def test_readme_names_every_policy():
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert all(f"`{policy}`" in readme for policy in POLICIES)
+
+
+LAUNCHER = """
+import sys
+from pathlib import Path
+from prime_core.launch.plan import LaunchPlan
+from prime_core.launch.supervise import supervise
+from prime_core.cli.common import load_config
+from prime_plugin_vllm_router.process import service
+
+config = Path(sys.argv[1])
+plan = LaunchPlan(launcher="test", output_dir=config.parent, processes=[
+    service(load_config("inference", [str(config)]), "inference", {"inference": config})])
+print(supervise(plan).code, flush=True)
+"""
+
+
+def test_the_real_router_dies_with_its_launcher_and_frees_its_ports(tmp_path):
+    """The launcher is killed with SIGKILL: vllm-router (exec'd by `prime vllm-router`, tied to
+    the launcher) goes too. A stand-in answers the engine's /health only: no request is sent."""
+    import http.server
+    import os
+    import signal
+    import socket
+    import subprocess
+    import threading
+    import time
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the standard library's name
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    engine = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "inference.json"
+    config.write_text(json.dumps({"output_dir": str(tmp_path), "server": {"port": engine.server_port},
+                                  "router": {"port": port, "metrics_port": port + 1}}))
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(config)], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert launcher.poll() is None and time.monotonic() < deadline, (tmp_path / "logs").glob("*")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        log = (tmp_path / "logs" / "vllm-router.log").read_text()
+        assert "waiting for 1 engine(s) to answer /health" in log and "--policy consistent_hash" in log
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                time.sleep(0.2)
+            except OSError:
+                break
+        else:
+            pytest.fail("vllm-router outlived its launcher")
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        engine.shutdown()
