@@ -101,9 +101,9 @@ def test_rl_behind_vllm_router_learns_on_both_engines_and_goes_on_without_a_dead
     assert run.returncode == 0, output
     left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
     assert not left, f"processes of the run outlived it: {left}"
-    for taken in (port + 2, port + 3):  # the router (whose command line no longer names output_dir) and its metrics
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", taken))
+    for served in (port + 2, port + 3):  # the router (whose command line no longer names output_dir), its metrics
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", served), timeout=2).close()
 
     trainer, orchestrator = records(out, "trainer"), records(out, "orchestrator")
     assert [r["step"] for r in trainer] == [r["step"] for r in orchestrator] == list(range(1, steps + 1))
