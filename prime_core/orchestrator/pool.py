@@ -10,9 +10,10 @@ URLs), never through a router. There is one backend client per distinct URL.
   once. Behind a single URL the retry goes to that URL again after a pause, while the router
   in front notices the dead engine.
 - Health: every engine is checked every ``health_interval`` seconds (a router in front is
-  not: its process is the launcher's to watch). An engine that fails its check is down: ``on_replica_failure = "stop"`` stops the run naming it; ``"continue"`` goes
-  on with the others (said in the log, counted in the metrics) until none is left. A replica
-  that answers again gets the current weights before it serves again.
+  not: its process is the launcher's to watch). An engine that fails its check is down:
+  ``on_replica_failure = "stop"`` stops the run naming it; ``"continue"`` goes on with the
+  others (said in the log, counted in the metrics) until none is left. An engine that answers
+  again gets the current weights before it serves again.
 - Per step: requests finished per replica (the orchestrator's own count; behind a router,
   each engine's own count where its client reports one: ``requests_served``).
 """
