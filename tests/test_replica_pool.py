@@ -29,8 +29,14 @@ class Scripted:
     def __init__(self, url: str, log: list) -> None:
         self.url, self.log, self.down, self.served = url, log, False, 0
 
+    slow = 0
+    """Health checks still to fail although the replica is up (a busy machine)."""
+
     def health(self) -> bool:
         self.log.append(("health", self.url))
+        if self.slow:
+            self.slow -= 1
+            return False
         return not self.down
 
     async def sample(self, request: SampleRequest) -> list[Sample]:
@@ -91,6 +97,13 @@ def test_a_dead_replica_is_left_out_and_its_requests_are_retried_on_the_other(ca
 
     loaded = asyncio.run(replicas.fan_out(lambda client: client.load_weights(3, "w")))
     assert loaded == [None] and [e for e in log if e[0] == "load"] == [("load", A, 3)], "weights skip B"
+
+
+def test_one_slow_health_check_is_not_a_dead_replica():
+    replicas = pool([], on_replica_failure="stop")
+    replicas.scripted[B].slow = 1
+    asyncio.run(replicas.check(replicas.replicas[B]))
+    assert replicas.replicas[B].up, "checked again a second later, and it answered"
 
 
 def test_with_stop_a_dead_replica_stops_the_run_naming_it():

@@ -10,7 +10,8 @@ URLs), never through a router. There is one backend client per distinct URL.
   once. Behind a single URL the retry goes to that URL again after a pause, while the router
   in front notices the dead engine.
 - Health: every engine is checked every ``health_interval`` seconds (a router in front is
-  not: its process is the launcher's to watch). An engine that fails its check is down:
+  not: its process is the launcher's to watch). An engine that fails its check twice in a row
+  (a second later) is down:
   ``on_replica_failure = "stop"`` stops the run naming it; ``"continue"`` goes on with the
   others (said in the log, counted in the metrics) until none is left. An engine that answers
   again gets the current weights before it serves again.
@@ -30,6 +31,9 @@ from prime_core.errors import PrimeError
 
 RETRY_PAUSE_CAP = 8.0
 """Longest pause (s) before retrying a request on the one URL there is."""
+RECHECK_PAUSE = 1.0
+"""Seconds before an engine that failed its health check is checked again, and found down if
+it fails again."""
 
 
 @dataclass(eq=False)
@@ -150,6 +154,9 @@ class ReplicaPool:
 
     async def _check(self, replica: Replica) -> None:
         healthy = await asyncio.to_thread(replica.client.health)
+        if not healthy and replica.up:  # twice: one slow answer on a busy machine is not a dead engine
+            await asyncio.sleep(RECHECK_PAUSE)
+            healthy = await asyncio.to_thread(replica.client.health)
         if not healthy and replica.up:
             self._down(replica)
         elif healthy and not replica.up:
