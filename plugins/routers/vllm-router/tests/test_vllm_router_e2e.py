@@ -83,11 +83,12 @@ def test_rl_behind_vllm_router_learns_on_both_engines_and_goes_on_without_a_dead
          "--inference.router.policy", "consistent_hash", "--inference.router.log-level", "info", *LEARNABLE],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
-        deadline = time.monotonic() + 900
-        while not any(r["step"] >= kill_at for r in records(out, "orchestrator")):
+        deadline, log = time.monotonic() + 900, out / "logs" / "orchestrator.log"
+        # Right after a new policy is loaded, when the requests sampled with it are in flight.
+        while not (log.exists() and f"loaded policy v{kill_at} " in log.read_text()):
             assert run.poll() is None, run.stdout.read()
             assert time.monotonic() < deadline, "the run never reached the step where an engine dies"
-            time.sleep(0.2)
+            time.sleep(0.05)
         # One engine dies (its vLLM API server, as in a crash); its `prime inference` role follows.
         engine = subprocess.run(["pgrep", "-f", f"vllm.entrypoints.openai.api_server .*--port {dead} "],
                                 capture_output=True, text=True).stdout.split()
@@ -117,6 +118,7 @@ def test_rl_behind_vllm_router_learns_on_both_engines_and_goes_on_without_a_dead
     before = [s for s in served if 3 <= s[0] and orchestrator[s[0] - 1]["time"] < killed - 5]
     assert before and all(a > 0 and d > 0 for _, a, d in before), served
     assert orchestrator[-1]["replicas_up"] == 1 and all(s[1] > 0 for s in served[-3:]), served
+    assert sum(r["env_errors"] + r["failed_groups"] for r in orchestrator) == 0, "no rollout was lost"
 
     # Every version reached each engine alive (straight, not through the router).
     log = (out / "logs" / "orchestrator.log").read_text()
