@@ -33,22 +33,6 @@ class JsonlMonitor:
         pass
 
 
-class RoundRobin:
-    """Sends each request to the next replica in turn (outcomes do not change the order)."""
-
-    def __init__(self, urls) -> None:
-        self.urls = list(urls)
-        self._next = 0
-
-    def pick(self, request=None) -> str:
-        url = self.urls[self._next % len(self.urls)]
-        self._next += 1
-        return url
-
-    def done(self, url: str, *, ok: bool = True, latency: float = 0.0) -> None:
-        pass
-
-
 @hookimpl
 def prime_monitors():
     return [Monitor(name="jsonl", make=JsonlMonitor, description="metrics.jsonl under output_dir")]
@@ -56,7 +40,14 @@ def prime_monitors():
 
 @hookimpl
 def prime_routers():
-    return [Router(name="round_robin", make=RoundRobin, description="each request to the next replica")]
+    return [
+        Router(name="round_robin", make="prime_core.routers:RoundRobin",
+               description="each request to the next replica"),
+        Router(name="least_outstanding", make="prime_core.routers:LeastOutstanding",
+               description="each request to the replica with the fewest requests in flight"),
+        Router(name="consistent_hash", make="prime_core.routers:ConsistentHash", aliases=("sticky",),
+               description="a session's requests to one replica (hash ring; the next one when it is down)"),
+    ]
 
 
 def _auto_backends(config, root: str):

@@ -154,9 +154,10 @@ def prime_routers() -> Iterable[Router]:
     """Provide request routers across inference replicas (``round_robin``, ...).
 
     Selected by ``orchestrator.client.router``; called by the orchestrator when it starts.
-    ``make(urls)`` returns an object whose ``pick(request) -> url`` chooses a replica for a
-    ``SampleRequest`` and whose ``done(url, ok=..., latency=...)`` is called after every
-    request, successful or not (``prime_core.specs.Router``).
+    ``make(urls)`` returns an object whose ``pick(request, exclude) -> url`` chooses a replica
+    for a ``SampleRequest`` (never one in ``exclude``: down, or already failed for this
+    request) and whose ``done(url, ok=..., latency=...)`` is called after every request,
+    successful or not (``prime_core.specs.Router``).
 
     Example::
 
@@ -342,6 +343,29 @@ def prime_validate_config(config: Any, root: str) -> Iterable[str] | None:
             m = config.trainer.model
             if m.ep > 1 and m.num_experts % m.ep:
                 yield f"trainer.model.ep: {m.ep} must divide num_experts ({m.num_experts})"
+    """
+
+
+@hookspec
+def prime_services(config: Any, root: str, configs: dict[str, Any]) -> Iterable[Any] | None:
+    """Add long-running processes to a launch, beside the roles (a router in front of the
+    inference replicas).
+
+    Called by the launchers that start processes on this machine (``local``, ``torchrun`` on
+    node 0) when they plan, with the validated root config, the root (``rl``, ``inference``)
+    and the resolved config files by role (``configs["inference"]``: the file of every
+    replica, ``prime_core.inference.replicas``). Return ``prime_core.launch.plan.RoleProcess``
+    objects with ``service=True``: started after the inference replicas and before the
+    orchestrator, logged under ``output_dir/logs``, stopped with the run; one that exits ends
+    the run. A launcher that cannot start them refuses the run, naming them.
+
+    Example::
+
+        @hookimpl
+        def prime_services(config, root, configs):
+            if root == "rl" and getattr(config.inference, "router", None) is not None:
+                return [RoleProcess(role="router", command=[...], config=configs["inference"],
+                                    log=config.output_dir / "logs" / "router.log", service=True)]
     """
 
 

@@ -342,6 +342,10 @@ class InferenceBackend(Spec):
       old adapters); requests already running may finish on the previous weights. Returns a
       few words for the log (``"LoRA adapter <name>"``), or ``None``.
     - ``async close()``: release connections; called once, last (also after errors).
+    - optionally ``async requests_served() -> float | None``: how many sampling requests the
+      server answered since it started (``None``: unknown); with a router in front of the
+      engines (``orchestrator.client.admin_base_url``), the orchestrator counts requests per
+      engine with it.
 
     The coroutines are awaited on the orchestrator's one event loop (one thread):
     ``sample`` calls overlap each other and ``load_weights``; ``load_weights`` calls on one
@@ -365,15 +369,19 @@ class Router(Spec):
     ``make(urls: list[str])`` is called once by the orchestrator with the replica URLs of
     ``orchestrator.client.base_url``. The object it returns has
 
-    - ``pick(request: SampleRequest) -> str``: one of ``urls`` for this request
-      (``prime_core.inference.client.SampleRequest``; ``request.session_id`` names its
-      trajectory, so that a router can keep a session on one replica);
+    - ``pick(request: SampleRequest, exclude: Collection[str] = ()) -> str``: one of ``urls``
+      for this request, never one in ``exclude`` (``prime_core.inference.client.SampleRequest``;
+      ``request.session_id`` names its trajectory, so that a router can keep a session on one
+      replica). ``exclude`` holds the replicas the orchestrator found down and those this
+      request already failed on (a failed request is retried on another replica); it never
+      holds every URL.
     - ``done(url: str, *, ok: bool, latency: float) -> None``: called exactly once after every
       ``pick``, when that request finished: ``ok`` is ``False`` when it raised (or was
       cancelled), ``latency`` its wall-clock seconds.
 
     Both are plain calls on the orchestrator's event loop thread, so they must not block;
-    requests are in flight between ``pick`` and ``done``, many at once.
+    requests are in flight between ``pick`` and ``done``, many at once. The contract suite is
+    ``prime_core.testing.contracts.router``.
     """
 
     make: Ref = ref()

@@ -14,7 +14,7 @@ CATALOGUE = [
     "prime_kernels", "prime_inference_backends", "prime_routers", "prime_launchers", "prime_environments",
     "prime_tool_parsers", "prime_weight_transports", "prime_algorithms", "prime_monitors", "prime_cli_commands",
     "prime_configure", "prime_validate_config", "prime_on_step_end", "prime_on_weights_published",
-    "prime_on_checkpoint", "prime_select_launcher", "prime_trainer_defaults",
+    "prime_on_checkpoint", "prime_select_launcher", "prime_trainer_defaults", "prime_services",
 ]
 
 
@@ -27,7 +27,7 @@ def test_hook_is_specified_and_documented(name):
 
 
 LIFECYCLE = {"prime_configure", "prime_validate_config", "prime_on_step_end", "prime_on_weights_published",
-             "prime_on_checkpoint", "prime_select_launcher", "prime_trainer_defaults"}
+             "prime_on_checkpoint", "prime_select_launcher", "prime_trainer_defaults", "prime_services"}
 
 
 def test_catalogue_is_complete_and_nothing_else():

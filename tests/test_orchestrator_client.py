@@ -61,8 +61,8 @@ class RecordingRouter:
     def __init__(self, urls, log):
         self.urls, self.log, self.next = list(urls), log, 0
 
-    def pick(self, request):
-        url = self.urls[self.next % len(self.urls)]
+    def pick(self, request, exclude=()):
+        url = next(u for u in self.urls[self.next % len(self.urls):] + self.urls if u not in exclude)
         self.next += 1
         self.log.append(("pick", url, request))
         return url
@@ -138,7 +138,7 @@ def test_orchestrator_samples_only_through_the_client_and_router(canned, tmp_pat
     orchestrator.wait_healthy()
     asyncio.run(orchestrator.run(start=1))
 
-    # Weights reached every replica, then the probe ran on the first one.
+    # Weights reached every replica, then the probe ran (on the replica the router picked).
     loads = [e for e in log if e[0] == "load_weights"]
     assert sorted(loads) == sorted(("load_weights", u, 1, str(published)) for u in URLS)
     assert "loaded policy v1 into 2 inference server(s) as canned weights 1" in capsys.readouterr().out
@@ -148,7 +148,9 @@ def test_orchestrator_samples_only_through_the_client_and_router(canned, tmp_pat
 
     # Every rollout's request: picked by the router, on the replica it picked, with an outcome.
     picks, dones = [e for e in log if e[0] == "pick"], [e for e in log if e[0] == "done"]
-    assert len(picks) == len(dones) == 8, "2 steps x 2 groups x 2 rollouts"
+    assert picks[0][2] is probe[2]
+    picks = picks[1:]
+    assert len(picks) == len(dones) - 1 == 8, "2 steps x 2 groups x 2 rollouts, after the probe"
     assert {url for _, url, _ in picks} == set(URLS)
     assert all(ok and latency >= 0 for _, _, ok, latency in dones)
     for _, url, request in picks:
@@ -167,24 +169,33 @@ def test_orchestrator_samples_only_through_the_client_and_router(canned, tmp_pat
     assert metrics[0]["probe_logprob"] == pytest.approx(-0.5 - 0.25 - 0.25)
 
 
-def test_a_failed_request_is_reported_to_the_router_and_stops_the_run(canned, tmp_path):
+def test_a_failed_request_is_retried_on_another_replica_and_stops_the_run_when_all_fail(canned, tmp_path):
     from prime_core.orchestrator.role import Orchestrator
 
     plugin, log = canned
-    plugin.fail = True
-    orchestrator = Orchestrator(config(tmp_path))
-    with pytest.raises(PrimeError, match="sampling at http://replica-a:1/v1 failed"):
-        asyncio.run(orchestrator.run(start=1))
-    # The probe failed before any group: nothing was picked. Now with groups:
-    log.clear()
     orchestrator = Orchestrator(config(tmp_path))
     orchestrator.probe = 0.0
-    orchestrator.clients[URLS[0]].fail = False  # the probe's replica works, the other does not
-    with pytest.raises(PrimeError, match="replica-b"):
+    orchestrator.clients[URLS[1]].fail = True  # healthy, but every request fails there
+    asyncio.run(orchestrator.run(start=1))
+    picks, dones = [e for e in log if e[0] == "pick"], [e for e in log if e[0] == "done"]
+    assert len(picks) == len(dones) > 0, "every pick gets its done, also for failed requests"
+    failed = [e for e in dones if not e[2]]
+    assert failed and all(e[1] == URLS[1] for e in failed), "the router heard of each failure"
+    assert sum(e[2] for e in dones) == 8, "each of the 8 rollouts succeeded on the other replica"
+    metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert sum(m["request_retries"] for m in metrics) == len(failed)
+    served = {url: sum(m[f"replica_requests/{url}"] for m in metrics) for url in ("replica-a:1", "replica-b:2")}
+    assert served == {"replica-a:1": 8, "replica-b:2": 0}
+    assert [m["replicas_up"] for m in metrics] == [2, 2], "a replica that answers its health check stays in"
+
+    plugin.fail = True  # every replica fails every request: the run stops with the error
+    log.clear()
+    orchestrator = Orchestrator(config(tmp_path, output_dir=str(tmp_path / "out2"),
+                                       client={"base_url": URLS, "router": "recording", "max_retries": 1}))
+    with pytest.raises(PrimeError, match="sampling at http://replica-b:2/v1 failed"):
         asyncio.run(orchestrator.run(start=1))
     picks, dones = [e for e in log if e[0] == "pick"], [e for e in log if e[0] == "done"]
-    assert len(picks) == len(dones) > 0, "every pick gets its done, also for failed or cancelled requests"
-    assert ("done", URLS[1], False) in [e[:3] for e in dones]
+    assert [e[1] for e in picks] == [e[1] for e in dones] == URLS, "the probe's request, then its retry elsewhere"
     assert sorted(e[1] for e in log if e[0] == "close") == sorted(URLS)
 
 
@@ -198,7 +209,7 @@ def test_a_router_picking_an_unknown_replica_is_named(canned, tmp_path, register
                 def __init__(self, urls):
                     pass
 
-                def pick(self, request):
+                def pick(self, request, exclude=()):
                     return "http://nowhere/v1"
 
                 def done(self, url, *, ok, latency):
@@ -213,7 +224,7 @@ def test_a_router_picking_an_unknown_replica_is_named(canned, tmp_path, register
 
 
 def test_round_robin_takes_outcomes_and_requests():
-    from prime_core.builtin import RoundRobin
+    from prime_core.routers import RoundRobin
 
     router = RoundRobin(URLS)
     request = SampleRequest(prompt_ids=[1], max_tokens=1, session_id="s")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -176,33 +177,69 @@ def test_moe_rl_with_expert_parallel_native_model(tmp_path):
     assert not published[key].equal(start[key]), "the experts trained"
 
 
-def test_two_inference_replicas_share_sampling_and_get_every_weight_update(tmp_path):
-    """inference.parallel.dp = 2: two `prime inference` processes (one vLLM server each) on
-    consecutive ports with their own configs; the orchestrator samples from both and loads
-    every new policy into both. A tiny untrained model: this is about the plumbing."""
-    model, out, steps = tmp_path / "tiny", tmp_path / "rl", 3
+LEARNABLE = ["--orchestrator.env", '[{"id": "reverse_text", "args": {"alphabet": "ab", "min_len": 4, "max_len": 4}}]',
+             "--trainer.optim.lr", "3e-3", "--trainer.scheduler.warmup-steps", "0", "--orchestrator.batch-size", "64",
+             # two servers on one CPU machine: let the OS place their workers (vLLM binds each to core 0)
+             "--inference.env", '{"VLLM_CPU_OMP_THREADS_BIND": "nobind"}']
+"""A signal a random tiny model learns within a few steps: answer with the letters of
+``reverse_text`` strings over "ab" (partial credit)."""
+
+
+def test_two_replicas_with_a_client_side_router_learn_and_a_dead_one_stops_the_run(tmp_path):
+    """inference.parallel.dp = 2 and the orchestrator's own consistent_hash router: two `prime
+    inference` processes on consecutive ports with their own configs; both serve and load every
+    new policy while it learns. Then one replica dies, and with on_replica_failure = "stop" the
+    run stops, naming it. (The vllm-router plugin's end-to-end test covers "continue".)"""
+    model, out, steps, kill_at = tmp_path / "tiny", tmp_path / "rl", 30, 12
     prime("model", "tiny", str(model), "--hidden-size", "128", "--num-layers", "2")
     port = free_ports(2)
-    prime("run", str(EXAMPLE / "rl.toml"), "--model.name", str(model), "--output-dir", str(out),
-          "--inference.server.port", str(port), "--inference.parallel.dp", "2", "--max-steps", str(steps),
-          "--orchestrator.batch-size", "32",
-          # two servers on one CPU machine: let the OS place their workers (vLLM binds each to core 0)
-          "--inference.env", '{"VLLM_CPU_OMP_THREADS_BIND": "nobind"}')
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "prime_core", "run", str(EXAMPLE / "rl.toml"), "--model.name", str(model),
+         "--output-dir", str(out), "--inference.server.port", str(port), "--inference.parallel.dp", "2",
+         "--max-steps", str(steps), "--orchestrator.client.router", "consistent_hash",
+         "--orchestrator.client.on-replica-failure", "stop", *LEARNABLE],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 900
+        while not any(r["step"] >= kill_at for r in records(out, "orchestrator")):
+            assert run.poll() is None, run.stdout.read()
+            assert time.monotonic() < deadline, "the run never reached the step where a replica dies"
+            time.sleep(0.2)
+        trained = records(out, "orchestrator")
+        engine = subprocess.run(["pgrep", "-f", f"vllm.entrypoints.openai.api_server .*--port {port + 1} "],
+                                capture_output=True, text=True).stdout.split()
+        assert len(engine) == 1, engine
+        os.kill(int(engine[0]), signal.SIGKILL)
+        output, _ = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode != 0 and "role 'inference[1]' exited with code 137" in output, output
+    assert not subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split(), \
+        "no process of the run outlives it"
+
     configs = out / "configs"
     replicas = [json.loads((configs / f"inference_{i}.json").read_text()) for i in (0, 1)]
     assert [(r["server"]["port"], r["parallel"]["dp"]) for r in replicas] == [(port, 1), (port + 1, 1)]
     client = json.loads((configs / "orchestrator.json").read_text())["client"]
     assert client["base_url"] == [f"http://127.0.0.1:{port}/v1", f"http://127.0.0.1:{port + 1}/v1"]
-    trainer, orchestrator = records(out, "trainer"), records(out, "orchestrator")
-    assert [r["step"] for r in trainer] == [r["step"] for r in orchestrator] == list(range(1, steps + 1))
-    assert orchestrator[-1]["weights_version"] >= 1
+    assert {p.name for p in (out / "logs").glob("inference*.log")} == {"inference_0.log", "inference_1.log"}
+
+    # It learned, on both replicas, which both got every new policy.
+    first, last = (sum(r["reward"] for r in rows) / 3 for rows in (trained[:3], trained[kill_at - 3:kill_at]))
+    assert last > first + 0.1, f"reward did not rise: {first:.3f} in the first 3 steps, {last:.3f} before the kill"
+    assert abs(records(out, "trainer")[0]["mismatch_kl"]) < 1e-3, "vLLM samples what the trainer scores"
+    for r in trained[2:kill_at]:  # steps 1 and 2 are often written together, with nothing served between
+        counts = [r[f"replica_requests/127.0.0.1:{p}"] for p in (port, port + 1)]
+        assert r["replicas_up"] == 2 and all(c > 0 for c in counts), r
     log = (out / "logs" / "orchestrator.log").read_text()
-    assert "inference backend: vllm (auto" in log and "loaded policy v1 into 2 inference server(s)" in log
+    assert "inference backend: vllm (auto" in log
+    loaded = [int(v) for v in re.findall(r"loaded policy v(\d+) into 2 inference server", log)]
+    assert loaded[:kill_at - 2] == list(range(1, kill_at - 1)), loaded
     for p in (port, port + 1):
         served = (out / "logs" / f"vllm-{p}.log").read_text()
-        assert "POST /v1/completions" in served, f"replica on port {p} sampled nothing"
-        assert "POST /collective_rpc" in served, f"replica on port {p} never got new weights"
-    assert {p.name for p in (out / "logs").glob("inference*.log")} == {"inference_0.log", "inference_1.log"}
+        assert served.count("POST /collective_rpc") >= len(loaded), f"replica on port {p} missed new weights"
 
 
 def test_trainer_killed_mid_run_resumes_without_gap_or_repeat(warm_model, tmp_path):

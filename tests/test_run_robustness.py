@@ -282,3 +282,35 @@ def test_a_full_disk_is_a_message_naming_what_was_written(tiny, data, tmp_path):
         assert not list((disk / "o").glob(".model*")), "the partial model was removed (its space given back)"
     finally:
         subprocess.run(["umount", str(disk)])
+
+
+# -- a replica that may die ------------------------------------------------------------------
+
+
+def _sleeper(role: str, out: Path, seconds: float, code: int = 0, **kwargs):
+    from prime_core.launch.plan import RoleProcess
+
+    return RoleProcess(role=role, command=[sys.executable, "-c", f"import time, sys; time.sleep({seconds}); "
+                                                                 f"sys.exit({code})"],
+                       config=out / "x.json", log=out / "logs" / f"{role}.log", **kwargs)
+
+
+@pytest.mark.parametrize("may_fail", [True, False])
+def test_a_replica_that_may_fail_is_noted_and_the_run_goes_on(tmp_path, may_fail):
+    """``orchestrator.client.on_replica_failure = "continue"``: the launcher lets a replica's
+    process die (the orchestrator goes on with the others); otherwise that ends the run."""
+    from prime_core.launch.plan import LaunchPlan
+    from prime_core.launch.supervise import supervise
+
+    plan = LaunchPlan(launcher="local", output_dir=tmp_path, processes=[
+        _sleeper("inference[0]", tmp_path, 60, service=True, may_fail=may_fail),
+        _sleeper("inference[1]", tmp_path, 0.2, code=3, service=True, may_fail=may_fail),
+        _sleeper("orchestrator", tmp_path, 2.0)])
+    notes: list[str] = []
+    outcome = supervise(plan, on_note=notes.append)
+    if may_fail:
+        assert outcome.code == 0, outcome.message
+        assert notes == [f"warning: role 'inference[1]' exited with code 3; the run goes on without it "
+                         f"(log: {tmp_path / 'logs' / 'inference[1].log'})"]
+    else:
+        assert outcome.failed_role == "inference[1]" and outcome.code == 3 and not notes

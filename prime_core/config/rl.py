@@ -115,6 +115,7 @@ class RLConfig(Section):
                 else:
                     section.setdefault(key, value)
                 data[role] = section
+        _replicas_from_deployment(data)
         _point_client_at_server(data)
         return data
 
@@ -126,6 +127,16 @@ class RLConfig(Section):
         if limit is not None and sampling.max_tokens is not None and sampling.max_tokens >= limit:
             problems.append(f"orchestrator.sampling.max_tokens = {sampling.max_tokens} leaves no room for a prompt "
                             f"in inference.model.max_model_len = {limit}: lower max_tokens or raise max_model_len")
+        replicas = self.deployment.num_infer_replicas
+        if replicas is not None and inference is not None:
+            nodes = infer_nodes(self.deployment)
+            if replicas % nodes:
+                problems.append(f"deployment.num_infer_replicas = {replicas} does not split over num_infer_nodes = "
+                                f"{nodes}: each inference node runs the same number of whole replicas")
+            elif inference.parallel.dp * nodes != replicas:
+                problems.append(f"deployment.num_infer_replicas = {replicas} but inference.parallel.dp = "
+                                f"{inference.parallel.dp} on {nodes} inference node(s) makes "
+                                f"{inference.parallel.dp * nodes}: give one of them, or make them agree")
         return problems
 
 
@@ -148,6 +159,30 @@ def _move_legacy_keys(data: dict) -> None:
             deployment.setdefault("type", "multi_node")
             for k, v in legacy.items():
                 deployment.setdefault(k, v)
+
+
+def infer_nodes(deployment) -> int:
+    return getattr(deployment, "num_infer_nodes", 1) if deployment.type == "multi_node" else 1
+
+
+def _replicas_from_deployment(data: dict) -> None:
+    """``deployment.num_infer_replicas`` (prime-rl) sets ``inference.parallel.dp``: the replicas
+    of one inference node (``problems`` reports a count that disagrees or does not split)."""
+    deployment, inference = data.get("deployment"), data.get("inference", {})
+    if not isinstance(deployment, dict) or deployment.get("num_infer_replicas") is None:
+        return
+    if inference is True:
+        inference = data["inference"] = {}
+    if not isinstance(inference, dict) or not isinstance(inference.setdefault("parallel", {}), dict):
+        return
+    try:
+        replicas = int(deployment["num_infer_replicas"])
+        nodes = int(deployment.get("num_infer_nodes", 1))  # a single-node deployment has no such key
+    except (TypeError, ValueError):
+        return  # the schema reports the bad value
+    if nodes > 0 and replicas % nodes == 0:
+        inference["parallel"].setdefault("dp", replicas // nodes)
+    data["inference"] = inference
 
 
 def _point_client_at_server(data: dict) -> None:

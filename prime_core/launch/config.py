@@ -51,6 +51,8 @@ class SingleNodeDeployment(Section):
     ``inference.gpu_memory_utilization`` to leave room for the trainer)."""
     trainer_gpu_ids: GpuIds = None
     """Exact GPUs for the trainer (``--trainer-gpu-ids``); their count sets ``num_train_gpus``."""
+    num_infer_replicas: int | None = Field(default=None, ge=1)
+    """Inference replicas (prime-rl's key): sets ``inference.parallel.dp``."""
 
     @model_validator(mode="after")
     def _ids_set_counts(self) -> SingleNodeDeployment:
@@ -77,6 +79,9 @@ class MultiNodeDeployment(Section):
     gpus_per_node: int = Field(default=8, ge=1)
     nodes_per_fsdp_group: int | None = Field(default=None, ge=1)
     """Train nodes per FSDP island; sets ``trainer.model.dp_replicate``."""
+    num_infer_replicas: int | None = Field(default=None, ge=1)
+    """Inference replicas over all inference nodes (prime-rl's key): each node runs
+    ``num_infer_replicas / num_infer_nodes`` of them, which sets ``inference.parallel.dp``."""
 
 
 class SFTSingleNodeDeployment(Section):

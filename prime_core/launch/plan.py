@@ -44,6 +44,12 @@ class RoleProcess:
     log: Path
     env: dict[str, str] = field(default_factory=dict)
     service: bool = False
+    may_fail: bool = False
+    """Its exit, whatever the code, does not end the run: the launcher says so and goes on with
+    the others (an inference replica when ``orchestrator.client.on_replica_failure`` is
+    ``continue``: the orchestrator carries on with the replicas left)."""
+    port: int | None = None
+    """The port it serves on, for the placement table (plugins' services)."""
     console: bool = False
     """Its output goes to this terminal (``prime sft``: rank 0, as torchrun's
     ``--local-ranks-filter 0``); ``log`` is then the file the process writes itself."""
@@ -128,6 +134,21 @@ def write_role_configs(config: BaseModel, output_dir: Path, root: str = "rl") ->
         if name == "inference":
             write_replicas(data, path)
     return paths
+
+
+def plugin_services(config: BaseModel, root: str, configs: dict[str, Path]) -> list[RoleProcess]:
+    """The processes plugins add to this launch (``prime_services``), ordered by role name."""
+    from prime_core.plugins import get_plugin_manager
+
+    answers = get_plugin_manager().hook.prime_services(config=config, root=root, configs=configs)
+    return sorted((process for answer in answers for process in answer or ()), key=lambda p: p.role)
+
+
+def replicas_may_fail(config: BaseModel, root: str, count: int) -> bool:
+    """Whether an inference replica's process may end without ending the run: several replicas
+    in ``prime run`` with ``orchestrator.client.on_replica_failure = "continue"``."""
+    client = getattr(getattr(config, "orchestrator", None), "client", None)
+    return root == "rl" and count > 1 and getattr(client, "on_replica_failure", "stop") == "continue"
 
 
 def write_plan(plan: LaunchPlan) -> Path:

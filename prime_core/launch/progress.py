@@ -1,7 +1,8 @@
 """Live progress of a run, read from ``metrics.jsonl`` while the roles work.
 
-On a terminal it is a rich progress bar with the latest reward, throughput and off-policy
-counts; elsewhere (CI, a log file) one plain line per trainer step.
+On a terminal it is a rich progress bar with the latest reward, throughput, off-policy counts
+and, with several inference replicas, how many are up and the requests each served in the
+last step; elsewhere (CI, a log file) one plain line per trainer step.
 """
 
 from __future__ import annotations
@@ -61,7 +62,15 @@ class RunProgress:
             parts.append(f"sampling {orch['sample_tokens_per_s']:.0f} tok/s")
         if "off_policy_max" in orch:
             parts.append(f"off-policy max {orch['off_policy_max']} dropped {orch.get('dropped_total', 0)}")
+        if orch.get("replicas", 1) > 1 or orch.get("replicas_up", 1) < orch.get("replicas", 1):
+            counts = [str(v) for k, v in orch.items() if k.startswith("replica_requests/")]
+            parts.append(f"replicas {orch['replicas_up']}/{orch['replicas']} up"
+                         + (f", requests {'/'.join(counts)}" if counts else ""))
         return " | ".join(parts)
+
+    def note(self, text: str) -> None:
+        """A line above the progress bar (or among the step lines)."""
+        self.console.print(text, markup=False, style="yellow")
 
     def tick(self) -> None:
         for record in self._read():

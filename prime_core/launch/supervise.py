@@ -3,7 +3,8 @@
 Each role gets its own process group and log file. When any role exits with an error, or
 the user presses Ctrl-C, every other role is stopped (SIGTERM to its whole group, SIGKILL
 after a grace period) and the failing role is named with the end of its log. Service roles
-(the inference server) are stopped once every non-service role has finished cleanly.
+(the inference server) are stopped once every non-service role has finished cleanly. A role
+that ``may_fail`` (an inference replica the orchestrator can do without) only gets a note.
 """
 
 from __future__ import annotations
@@ -141,13 +142,14 @@ class _Interrupts:
             signal.signal(sig, handler)
 
 
-def supervise(plan: LaunchPlan, *, poll_interval: float = 0.2, on_tick=None) -> Outcome:
-    """Start every process of ``plan`` and wait; returns how the run ended."""
+def supervise(plan: LaunchPlan, *, poll_interval: float = 0.2, on_tick=None, on_note=None) -> Outcome:
+    """Start every process of ``plan`` and wait; returns how the run ended. ``on_note(text)``
+    hears of roles that ended and were allowed to (``RoleProcess.may_fail``)."""
     with _Interrupts() as interrupts:
-        return _supervise(plan, poll_interval, on_tick, interrupts)
+        return _supervise(plan, poll_interval, on_tick, on_note or print, interrupts)
 
 
-def _supervise(plan: LaunchPlan, poll_interval: float, on_tick, interrupts: _Interrupts) -> Outcome:
+def _supervise(plan: LaunchPlan, poll_interval: float, on_tick, on_note, interrupts: _Interrupts) -> Outcome:
     procs = {p.role: p for p in plan.processes}
     running: dict[str, subprocess.Popen] = {}
     try:
@@ -157,10 +159,14 @@ def _supervise(plan: LaunchPlan, poll_interval: float, on_tick, interrupts: _Int
             if interrupts.requested:
                 _stop(running)
                 return Outcome(code=128 + interrupts.requested, message="interrupted: stopped every role")
+            for role in [r for r, p in running.items() if procs[r].may_fail and p.poll() is not None]:
+                ended = running.pop(role)
+                on_note(f"warning: role '{role}' exited with code {ended.returncode}; the run goes on without it "
+                        f"(log: {procs[role].log})")
             failed = _failed(procs, running)
             if failed:
                 return _failure(procs, running, failed)
-            workers = [r for r, p in procs.items() if not p.service]
+            workers = [r for r, p in procs.items() if not p.service and r in running]
             if workers and all(running[r].poll() == 0 for r in workers):
                 _stop(running)
                 return Outcome(code=0)
@@ -225,11 +231,14 @@ def run_here(plan: LaunchPlan) -> int:
     for process in plan.processes:
         where = "output on this terminal; " if process.console else ""
         console.print(f"starting {process.role} ({where}log: {process.log})", markup=False)
+    def note(text: str) -> None:
+        console.print(text, markup=False, style="yellow")
+
     if any(p.console for p in plan.processes):  # the role prints its own progress
-        outcome = supervise(plan)
+        outcome = supervise(plan, on_note=note)
     else:
         with RunProgress(plan.output_dir / METRICS_FILE, plan.total_steps) as progress:
-            outcome = supervise(plan, on_tick=progress.tick)
+            outcome = supervise(plan, on_tick=progress.tick, on_note=progress.note)
     if outcome.code:
         console.print("error:", style="bold red", end=" ")
         console.print(outcome.message, markup=False)

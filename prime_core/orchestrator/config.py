@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, model_validator
 
@@ -15,7 +15,7 @@ from prime_core.inference.config import ApiKeyRef
 class ClientConfig(ApiKeyRef):
     """How the orchestrator reaches the inference servers (through the backend's client)."""
 
-    base_url: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000/v1"])
+    base_url: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000/v1"], min_length=1)
     """One URL per inference replica; a single string is accepted."""
     api_key_var: str = "OPENAI_API_KEY"
     """Environment variable holding the API key, if the servers need one (in ``prime run``: the
@@ -28,13 +28,32 @@ class ClientConfig(ApiKeyRef):
     health_timeout: float = Field(default=600.0, gt=0)
     """Seconds to wait for the servers to become healthy at start-up."""
     router: Annotated[str, Selects("routers")] = "round_robin"
-    """Which replica each request goes to (a router plugin)."""
+    """Which replica each request goes to: ``round_robin``, ``least_outstanding``,
+    ``consistent_hash`` (a rollout's turns on one replica), or a router plugin's."""
+    admin_base_url: list[str] | None = Field(default=None, min_length=1)
+    """One URL per inference engine for weight updates and health checks, when ``base_url`` is
+    a router in front of them (admin calls bypass the router); unset: ``base_url``. A single
+    string is accepted."""
+    on_replica_failure: Literal["continue", "stop"] = "continue"
+    """When a replica stops answering its health check: ``continue`` with the others (the
+    orchestrator says so in its log, the metrics count the replicas up; with none left the run
+    stops), or ``stop`` the run naming it. In ``prime run`` the launcher follows this too: a
+    replica's process that dies ends the run only with ``stop``."""
+    max_retries: int = Field(default=4, ge=0)
+    """Tries after a failed request, each on another replica when one is up (behind a single
+    URL, a router: the same URL after a pause of 1, 2, 4, 8 s, while it notices the dead
+    engine); then the run stops with the error."""
+    health_interval: float = Field(default=5.0, gt=0)
+    """Seconds between health checks of every engine while the run goes on (one found down is
+    checked again, and takes the current weights before it serves again)."""
 
     @model_validator(mode="before")
     @classmethod
     def _one_url(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("base_url"), str):
-            data = {**data, "base_url": [data["base_url"]]}
+        if isinstance(data, dict):
+            for key in ("base_url", "admin_base_url"):
+                if isinstance(data.get(key), str):
+                    data = {**data, key: [data[key]]}
         return data
 
 

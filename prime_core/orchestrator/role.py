@@ -32,11 +32,12 @@ from prime_core.inference.client import SampleRequest
 from prime_core.metrics import METRICS_FILE, MetricsLogger, drop_steps_from
 from prime_core.orchestrator.batch import TrainingSample, pack, remove_batches_from, write_batch
 from prime_core.orchestrator.episode import Episode, Limits, Outcome, env_tools, run_episode
+from prime_core.orchestrator.pool import ReplicaPool
 from prime_core.plugins import get_plugin_manager
 from prime_core.trainer import ckpt
 from prime_core.weights import remove_after
 
-SHOW = ("reward", "off_policy_max", "dropped", "env_errors", "weights_version", "sample_tokens_per_s")
+SHOW = ("reward", "off_policy_max", "dropped", "env_errors", "weights_version", "sample_tokens_per_s", "replicas_up")
 FIT_ATTEMPTS = 100
 
 
@@ -100,16 +101,19 @@ class Orchestrator:
         backend = select_backend(config.client.backend, key="orchestrator.client.backend", manager=manager)
         print(f"inference backend: {describe(backend, config.client.backend)}", flush=True)
         key = config.client.api_key()
-        # One client per replica; the router chooses among their URLs.
-        self.clients = {url: backend.client(url, api_key=key, timeout=config.client.timeout)
-                        for url in config.client.base_url}
-        self.router = manager.select("routers", config.client.router, key="orchestrator.client.router").make(
-            list(config.client.base_url))
+        # One client per replica URL (and admin URL); the router chooses among the replicas.
+        self.pool = ReplicaPool(config.client,
+                                lambda url: backend.client(url, api_key=key, timeout=config.client.timeout),
+                                manager.select("routers", config.client.router, key="orchestrator.client.router"))
+        self.pool.on_back = self._catch_up
+        self.clients = self.pool.clients
         transport = manager.select("weight_transports", config.weight_broadcast.type, key="weight_broadcast.type")
         self.weights = transport.loader(config, output_dir=config.output_dir)
         self.advantages = manager.select("algorithms", f"advantage:{config.advantage.type}",
                                          key="orchestrator.advantage.type", shown=config.advantage.type).fn
         self.version = 0
+        self.loaded: tuple[int, str] | None = None
+        """The policy every replica up serves: ``(step, path)`` of its last ``load_weights``."""
         self.probe: float | None = None
         self.dropped_total = 0
         self._next_env = 0
@@ -125,16 +129,7 @@ class Orchestrator:
     # ------------------------------------------------------------------ inference
 
     def wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.config.client.health_timeout
-        for url, client in self.clients.items():
-            while not client.health():
-                if time.monotonic() > deadline:
-                    raise PrimeError(
-                        f"inference server at {url} did not become healthy within "
-                        f"{self.config.client.health_timeout:.0f} s (orchestrator.client.health_timeout)",
-                        hint="check the inference log under output_dir/logs/",
-                    )
-                time.sleep(1.0)
+        self.pool.wait_healthy()
 
     async def load_newest_weights(self, minimum: int = 0) -> None:
         latest = self.weights.latest()
@@ -142,45 +137,32 @@ class Orchestrator:
             return
         step, path = latest
         # Every replica serves the same policy; the backend decides how (reload, adapter).
-        notes = await asyncio.gather(*(client.load_weights(step, str(path)) for client in self.clients.values()))
-        self.version = step
+        notes = await self.pool.fan_out(lambda client: client.load_weights(step, str(path)))
+        self.version, self.loaded = step, (step, str(path))
         self.probe = await self.probe_logprob()
         served = f" as {notes[0]}" if notes and notes[0] else ""
-        print(f"loaded policy v{step} into {len(self.clients)} inference server(s){served} "
+        print(f"loaded policy v{step} into {len(notes)} inference server(s){served} "
               f"(probe logprob {self.probe:.4f})", flush=True)
 
+    async def _catch_up(self, client) -> None:
+        """A replica that answers again serves the current policy before it gets requests."""
+        if self.loaded is not None:
+            await client.load_weights(*self.loaded)
+
     async def probe_logprob(self) -> float:
-        """Sum of log-probabilities of a fixed greedy completion on the first replica: changes
-        when the weights do."""
+        """Sum of log-probabilities of a fixed greedy completion: changes when the weights do."""
         task = self.envs[0][1].tasks(random.Random(0), 1)[0]
         request = SampleRequest(prompt_ids=prompt_token_ids(self.tokenizer, task.prompt), n=1, temperature=0.0,
                                 max_tokens=8, session_id="probe")
-        (sample,) = await self.clients[self.config.client.base_url[0]].sample(request)
+        (sample,) = await self.pool.sample(request)
         return float(sum(sample.logprobs))
 
     # ------------------------------------------------------------------ sampling
 
-    async def _sample(self, request: SampleRequest):
-        """``request`` on the replica the router picks; the router hears how it went."""
-        url = self.router.pick(request)
-        client = self.clients.get(url)
-        if client is None:
-            raise PrimeError(f"orchestrator.client.router = '{self.config.client.router}' picked {url!r}, which is "
-                             f"not in orchestrator.client.base_url ({', '.join(self.clients)})")
-        start, ok = time.perf_counter(), False
-        try:
-            samples = await client.sample(request)
-            ok = True
-        finally:
-            self.router.done(url, ok=ok, latency=time.perf_counter() - start)
-        if len(samples) != request.n:
-            raise PrimeError(f"inference server at {url} returned {len(samples)} samples for n = {request.n}")
-        return samples
-
     def episode(self, env, task, session_id: str, *, temperature: float | None = None,
                 seed: int | None = None) -> Episode:
         sampling = self.config.sampling
-        return Episode(task=task, sampler=self._sample, tokenizer=self.tokenizer, parse=self.parse,
+        return Episode(task=task, sampler=self.pool.sample, tokenizer=self.tokenizer, parse=self.parse,
                        limits=self.limits, tools=env_tools(env, task), session_id=session_id,
                        temperature=sampling.temperature if temperature is None else temperature,
                        top_p=sampling.top_p, seed=seed)
@@ -276,6 +258,7 @@ class Orchestrator:
         inflight: set[asyncio.Task] = set()
         step, last, waiting = start, time.perf_counter(), None
         self.window = _Window()
+        self.pool.start_monitor()
         try:
             await self.load_newest_weights(minimum=start - 1)
             if self.probe is None:
@@ -290,11 +273,13 @@ class Orchestrator:
                         self.window.dropped += len(batch) - len(fresh)
                         ready.extendleft(reversed(fresh))
                         continue
+                    await self.pool.refresh_served()
                     now = time.perf_counter()
                     self._write_step(metrics, step, batch, now - last, inflight=len(inflight))
                     step, last = step + 1, now
                     continue
                 await self._collect(inflight, ready, timeout=0.2)
+                self.pool.raise_if_failed()
                 await self.load_newest_weights()
                 self.maybe_evaluate(eval_log)
                 waiting = self._check_weights_wait(waiting, inflight, max(start - 1, step - 1 - config.async_level))
@@ -303,6 +288,7 @@ class Orchestrator:
             for task in inflight | self.evals:
                 task.cancel()
             await asyncio.gather(*inflight, *self.evals, return_exceptions=True)  # their routers hear of it
+            await self.pool.stop_monitor()
             for client in self.clients.values():
                 await client.close()
             metrics.close()
@@ -337,6 +323,7 @@ class Orchestrator:
                     temperature=config.sampling.temperature, info=info)
         self.dropped_total += window.dropped
         sampled = sum(o.episode.trajectory.sampled_tokens for o in outcomes)
+        replicas = self.pool.step_metrics()
         cpu = time.process_time()
         metrics.log(step, {
             "reward": mean, "reward_std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5,
@@ -357,8 +344,9 @@ class Orchestrator:
             "orchestrator_cpu_s": cpu - window.cpu,
             "env_rewards": {name: _mean([r for g in batch if g.env == name for r in g.rewards])
                             for name in {g.env for g in batch}},
+            **replicas,
             **self.fit,
-        }, show=SHOW)
+        }, show=SHOW + tuple(f"replica_requests/{label}" for label in replicas["replica_requests"]))
         self.window = _Window(cpu=cpu)
 
     def _submit(self, inflight: set, ready: deque, rng: random.Random, step: int, start: int,
@@ -442,7 +430,9 @@ def run(config) -> int:
         print(f"resuming at step {start}", flush=True)
     orchestrator = Orchestrator(config)
     orchestrator.wait_healthy()
-    print(f"orchestrator: {len(config.client.base_url)} server(s) healthy; steps {start}..{config.max_steps}",
+    pool = orchestrator.pool
+    through = "" if pool.own_counts else f" behind {', '.join(r.url for r in pool.sampling)}"
+    print(f"orchestrator: {len(pool.engines)} inference replica(s) healthy{through}; steps {start}..{config.max_steps}",
           flush=True)
     asyncio.run(orchestrator.run(start))
     return 0

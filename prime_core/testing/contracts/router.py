@@ -1,7 +1,8 @@
 """Contract suite for routers (``prime_core.specs.Router``).
 
 The orchestrator calls ``spec.make(urls)`` once with every replica's URL, then, on its one
-event loop, ``pick(request: SampleRequest) -> url`` before every request and ``done(url, *,
+event loop, ``pick(request: SampleRequest, exclude) -> url`` before every request (never a URL
+in ``exclude``: replicas found down, or already failed for this request) and ``done(url, *,
 ok: bool, latency: float)`` exactly once after it, successful or not (``ok=False`` on an
 error or a cancelled request). Neither may block. This suite does the same::
 
@@ -13,7 +14,8 @@ error or a cancelled request). Neither may block. This suite does the same::
 It checks that ``pick`` answers one of the URLs for every kind of request (with and without a
 session, any ``n``), with one replica and with several; that requests keep flowing when
 replicas fail (``done(..., ok=False)``) and when many are in flight at once; that picks are
-quick (no I/O on the event loop); and that over many requests without sessions every replica
+quick (no I/O on the event loop); that excluded replicas are never picked, sessions or not
+(the orchestrator's failover); and that over many requests without sessions every replica
 gets some (a router that always picks one replica routes nothing).
 """
 
@@ -68,6 +70,17 @@ def check_in_flight(spec) -> None:
     expect(router.pick(requests(1)[0]) in URLS, f"router '{spec.name}': no pick after many done()")
 
 
+def check_exclude(spec) -> None:
+    """Replicas in ``exclude`` are never picked; with one replica left, it gets everything."""
+    router = spec.make(list(URLS))
+    for exclude in ({URLS[1]}, {URLS[0], URLS[2]}):
+        for request in requests(30) + requests(30, sessions=True):
+            url = router.pick(request, exclude=frozenset(exclude))
+            expect(url in URLS and url not in exclude, f"router '{spec.name}': pick(exclude={sorted(exclude)}) "
+                                                        f"returned {url!r}, a replica the orchestrator found down")
+            router.done(url, ok=True, latency=0.01)
+
+
 class RouterContract(Contract):
     """Subclass with ``name`` set."""
 
@@ -87,3 +100,6 @@ class RouterContract(Contract):
 
     def test_requests_without_sessions_reach_every_replica(self, spec):
         check_spreads_load(spec)
+
+    def test_excluded_replicas_are_never_picked(self, spec):
+        check_exclude(spec)

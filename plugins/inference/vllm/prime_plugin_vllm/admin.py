@@ -95,6 +95,22 @@ class VLLMAdmin:
         except httpx.HTTPError:
             return False
 
+    def requests_served(self) -> float | None:
+        """Completions requests this server answered with success since it started (its
+        ``/metrics``), or ``None`` when it does not say."""
+        import httpx
+
+        try:
+            response = self._client.get("/metrics", timeout=5.0)
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        # No line yet: no completions request answered yet.
+        return sum(float(line.rsplit(" ", 1)[1]) for line in response.text.splitlines()
+                   if line.startswith("http_requests_total{") and 'handler="/v1/completions"' in line
+                   and 'status="2xx"' in line)
+
     def collective_rpc(self, method: str, *, args: list[str] | None = None, kwargs: dict[str, str] | None = None,
                        timeout: float | None = None) -> list:
         """Call ``method`` on every worker; returns one result per worker (``[]`` when none come back).

@@ -169,6 +169,11 @@ class VLLMClient:
             self.admin.unload_adapter(name)
             self.admin.load_adapter(name, path)
 
+    async def requests_served(self) -> float | None:
+        """Completions this server answered since it started: the orchestrator counts requests
+        per engine with it when a router in front decides where they go."""
+        return await asyncio.to_thread(self.admin.requests_served)
+
     async def close(self) -> None:
         if self._http is not None:
             await self._http.aclose()

@@ -365,6 +365,25 @@ def test_client_samples_token_ids_with_the_logprobs_they_were_sampled_with(role,
     assert max(abs(a - b) for a, b in zip(warm.logprobs, warm_reference, strict=True)) < 1e-3
 
 
+def test_client_counts_the_requests_the_server_answered(role):
+    """``requests_served``: how the orchestrator counts requests per engine behind a router."""
+    from prime_core.inference.client import SampleRequest
+    from prime_plugin_vllm.client import VLLMClient
+
+    async def go(client):
+        try:
+            before = await client.requests_served()
+            for _ in range(3):
+                await client.sample(SampleRequest(prompt_ids=PROMPT, n=2, max_tokens=2))
+            return before, await client.requests_served()
+        finally:
+            await client.close()
+
+    before, after = run_async(go, VLLMClient(role.base_url, api_key=KEY, timeout=60))
+    assert before is not None and after - before == 3, (before, after)
+    assert run_async(lambda c: c.requests_served(), VLLMClient(role.base_url, api_key="wrong", timeout=60)) is None
+
+
 def test_client_stops_at_a_stop_token_and_reports_why(role, tiny):
     from prime_core.inference.client import SampleRequest
     from prime_plugin_vllm.client import VLLMClient

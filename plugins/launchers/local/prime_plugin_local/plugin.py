@@ -5,13 +5,17 @@ Runs every role on this machine as child processes.
 - ``prime run``: the inference servers first (services, stopped when the others finish):
   one ``prime inference`` per replica of ``inference.parallel.dp``, on consecutive ports,
   each with its own config file and ``tp`` GPUs; then the orchestrator and the trainer;
-  each logs to ``output_dir/logs/<role>.log`` (replica i: ``inference_i.log``). With
+  each logs to ``output_dir/logs/<role>.log`` (replica i: ``inference_i.log``); what
+  plugins start beside the replicas (``prime_services``: a router in front of them) comes
+  next. With several replicas and ``orchestrator.client.on_replica_failure = "continue"``, a
+  replica that dies is noted and the run goes on with the others. With
   ``deployment.num_train_gpus`` > 1 the trainer runs as that many processes under torchrun
   (NCCL on GPUs, gloo on a CPU machine), each rank also logging to
   ``output_dir/logs/trainer/rank_N.log``.
 - ``prime sft``: one process runs in this very process, as it always did; several run under
   torchrun with rank 0 on the console and every rank in ``output_dir/logs/sft/rank_N.log``.
-- ``prime inference``: one replica runs in this process; several run as child processes.
+- ``prime inference``: one replica runs in this process; several (or a plugin's service
+  beside it) run as child processes.
 
 GPUs are taken in order from ``CUDA_VISIBLE_DEVICES`` (or every GPU ``nvidia-smi -L``
 lists): inference first, trainer next (``prime_core.launch.placement``). The
@@ -111,7 +115,7 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
     from prime_core.errors import PrimeError
     from prime_core.launch.config import trainer_processes
     from prime_core.launch.placement import assign, visible_gpus
-    from prime_core.launch.plan import LaunchPlan, RoleProcess, role_command
+    from prime_core.launch.plan import LaunchPlan, RoleProcess, plugin_services, replicas_may_fail, role_command
 
     deployment = config.deployment
     _refuse_multi_node(deployment, root)
@@ -135,6 +139,10 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
     result = LaunchPlan(launcher="local", output_dir=output_dir,
                         total_steps=getattr(config, "max_steps", None))
     result.placement = _placement_rows(config, root, gpus, configs)
+    services = plugin_services(config, root, configs) if "inference" in configs else []
+    after = sum(row["role"].startswith("inference") for row in result.placement)
+    result.placement[after:after] = [{"role": p.role, "gpus": "-", "processes": 1, "port": p.port or "-",
+                                      "output_dir": str(config.output_dir)} for p in services]
 
     def env_for(role: str) -> dict[str, str]:
         env = dict(env_vars)
@@ -143,20 +151,22 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
         return env
 
     def inference_processes(service: bool) -> list:
-        """One ``prime inference`` per replica, each on its own config, port and GPUs."""
+        """One ``prime inference`` per replica, each on its own config, port and GPUs; then what
+        plugins start beside them (a router in front of them)."""
         out = []
-        for name, replica, part in _replicas(config, root, configs, gpus):
+        found = _replicas(config, root, configs, gpus)
+        for name, replica, part in found:
             env = dict(env_vars)
             if part is not None:
                 env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(part))
             out.append(RoleProcess(
                 role=name, command=role_command("inference", replica.config), config=replica.config,
                 log=logs / ("inference.log" if name == "inference" else f"inference_{replica.index}.log"),
-                env=env, service=service))
-        return out
+                env=env, service=service, may_fail=replicas_may_fail(config, root, len(found))))
+        return out + [_with_env(p, env_vars) for p in services]
 
-    if root == "inference" and config.parallel.dp > 1:
-        # Several replicas: each its own process, supervised like the roles of `prime run`.
+    if root == "inference" and (config.parallel.dp > 1 or services):
+        # Several processes (replicas, a router): each its own, supervised like the roles of `prime run`.
         result.processes.extend(inference_processes(service=False))
         return result
     if root in ("sft", "inference"):
@@ -184,6 +194,12 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
     if "inference" not in configs and not getattr(config, "bench", None):
         result.notes.append("inference = None: the orchestrator uses the servers in orchestrator.client.base_url")
     return result
+
+
+def _with_env(process, env_vars: dict[str, str]):
+    """A plugin's process gets the run's ``env_vars`` too (its own values win)."""
+    process.env = {**env_vars, **process.env}
+    return process
 
 
 def launch(plan) -> int:

@@ -121,6 +121,7 @@ def test_two_replicas_plan_two_servers_two_ports_and_two_urls(prime_cli, registe
     inference = [p for p in plan["processes"] if p["role"].startswith("inference")]
     assert [p["role"] for p in inference] == ["inference[0]", "inference[1]"]
     assert [p["service"] for p in inference] == [True, True]
+    assert [p["may_fail"] for p in inference] == [True, True], "on_replica_failure = 'continue': the run goes on"
     assert plan["commands"][:2] == [f"prime inference {configs / 'inference_0.json'}",
                                     f"prime inference {configs / 'inference_1.json'}"]
     assert [p["log"] for p in inference] == [str(out / "logs" / f"inference_{i}.log") for i in range(2)]
@@ -139,6 +140,14 @@ def test_two_replicas_plan_two_servers_two_ports_and_two_urls(prime_cli, registe
     # Fewer replicas later in the same output_dir: no stale replica file is left behind.
     dry_run(prime_cli, register_plugin, out, "--inference.server.port", "8100")
     assert sorted(p.name for p in configs.glob("inference*.json")) == ["inference.json"]
+
+
+def test_replicas_end_the_run_when_the_orchestrator_stops_for_them(prime_cli, register_plugin, no_gpus, tmp_path):
+    plan, _, _ = dry_run(prime_cli, register_plugin, tmp_path / "o", "--inference.parallel.dp", "2",
+                         "--orchestrator.client.on-replica-failure", "stop")
+    assert [p["may_fail"] for p in plan["processes"] if p["role"].startswith("inference")] == [False, False]
+    one, _, _ = dry_run(prime_cli, register_plugin, tmp_path / "p")
+    assert [p["may_fail"] for p in one["processes"] if p["role"] == "inference"] == [False], "one replica is the run"
 
 
 def test_user_base_url_is_kept_with_replicas(prime_cli, register_plugin, no_gpus, tmp_path):

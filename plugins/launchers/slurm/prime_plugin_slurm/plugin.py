@@ -60,6 +60,14 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str | None
 
         # Several replicas per node: inference_node_<i>.json, one per replica.
         write_replicas(json.loads(configs["inference"].read_text()), configs["inference"])
+    from prime_core.launch.plan import plugin_services
+
+    extra = plugin_services(config, root, configs) if "inference" in configs else []
+    if extra:
+        names = ", ".join(p.role for p in extra)
+        raise PluginError(f"the slurm launcher does not start plugins' services yet: {names}",
+                          hint="leave out the table that asks for them (e.g. inference.router; the orchestrator's "
+                               "client-side routers need no process), or run on one node with launcher = 'local'")
     lay = layout(config, root, set(configs))
     script = out / f"{root}.sh"
     context = template_context(config, root=root, lay=lay, output_dir=out, configs=configs, script_path=script)

@@ -108,7 +108,7 @@ def network_env(config, environ=None) -> dict[str, str]:
 def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"):
     from prime_core.errors import PluginError
     from prime_core.launch.placement import Request, assign, visible_gpus
-    from prime_core.launch.plan import LaunchPlan, RoleProcess, role_command
+    from prime_core.launch.plan import LaunchPlan, RoleProcess, plugin_services, replicas_may_fail, role_command
 
     if root == "inference":
         raise PluginError("the torchrun launcher starts trainers (prime run, prime sft); inference is a server",
@@ -158,7 +158,11 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
             result.processes.append(RoleProcess(
                 role=role_name, command=role_command("inference", replica.config), config=replica.config,
                 log=logs / (f"inference_{replica.index}.log" if several else "inference.log"),
-                env=env_for(role_name), service=True))
+                env=env_for(role_name), service=True, may_fail=replicas_may_fail(config, root, len(found))))
+        # What plugins start beside the replicas (a router in front of them).
+        for service in plugin_services(config, root, configs):
+            service.env = {**env_for(service.role), **service.env}
+            result.processes.append(service)
     first = rank * nproc
     result.processes.append(RoleProcess(
         role=role,

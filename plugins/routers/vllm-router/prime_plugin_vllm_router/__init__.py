@@ -1,0 +1,1 @@
+"""prime-plugin-vllm-router: vllm-router in front of the inference replicas."""

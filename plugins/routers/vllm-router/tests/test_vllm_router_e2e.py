@@ -1,0 +1,144 @@
+"""RL with two real vLLM replicas behind a real vllm-router, on this CPU machine: the policy
+learns, both engines serve and load every version (weight updates go to each engine, not
+through the router), the router keeps a session on one engine (X-Session-ID), and when one
+engine dies mid-run the router and the orchestrator leave it out and the run goes on with the
+other (``orchestrator.client.on_replica_failure = "continue"``, the default).
+
+One run covers all of it: two vLLM servers on two cores are slow to start, and the run is
+where each of these can break. The signal is strong on purpose: a random tiny model learns to
+answer with the two letters of ``reverse_text`` strings over "ab" (partial credit), so the
+reward climbs within a few steps.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[4]
+EXAMPLE = ROOT / "examples" / "cpu" / "rl.toml"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/install.sh)"),
+]
+
+LEARNABLE = ["--orchestrator.env", '[{"id": "reverse_text", "args": {"alphabet": "ab", "min_len": 4, "max_len": 4}}]',
+             "--trainer.optim.lr", "3e-3", "--trainer.scheduler.warmup-steps", "0",
+             "--orchestrator.batch-size", "64",
+             # two servers on one CPU machine: let the OS place their workers (vLLM binds each to core 0)
+             "--inference.env", '{"VLLM_CPU_OMP_THREADS_BIND": "nobind"}']
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive free ports."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            first = s.getsockname()[1]
+        try:
+            for port in range(first + 1, first + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+def records(out: Path, role: str) -> list[dict]:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [r for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+            if r["role"] == role]
+
+
+def mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def test_rl_behind_vllm_router_learns_on_both_engines_and_goes_on_without_a_dead_one(tmp_path):
+    model, out, steps, kill_at = tmp_path / "tiny", tmp_path / "rl", 16, 8
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("VLLM_API_KEY", None)
+    subprocess.run([sys.executable, "-m", "prime_core", "model", "tiny", str(model), "--hidden-size", "128",
+                    "--num-layers", "2"], check=True, capture_output=True, env=env)
+    port = free_ports(4)  # two engines, the router, its metrics
+    dead, alive = port + 1, port
+    run = subprocess.Popen(
+        [sys.executable, "-m", "prime_core", "run", str(EXAMPLE), "--model.name", str(model), "--output-dir", str(out),
+         "--inference.server.port", str(port), "--inference.parallel.dp", "2", "--max-steps", str(steps),
+         "--inference.router.policy", "consistent_hash", "--inference.router.log-level", "info", *LEARNABLE],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        deadline, log = time.monotonic() + 900, out / "logs" / "orchestrator.log"
+        # Right after a new policy is loaded, when the requests sampled with it are in flight.
+        while not (log.exists() and f"loaded policy v{kill_at} " in log.read_text()):
+            assert run.poll() is None, run.stdout.read()
+            assert time.monotonic() < deadline, "the run never reached the step where an engine dies"
+            time.sleep(0.05)
+        # One engine dies (its vLLM API server, as in a crash); its `prime inference` role follows.
+        engine = subprocess.run(["pgrep", "-f", f"vllm.entrypoints.openai.api_server .*--port {dead} "],
+                                capture_output=True, text=True).stdout.split()
+        assert len(engine) == 1, engine
+        os.kill(int(engine[0]), signal.SIGKILL)
+        killed = time.time()
+        output, _ = run.communicate(timeout=900)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, output
+    left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes of the run outlived it: {left}"
+    for served in (port + 2, port + 3):  # the router (whose command line no longer names output_dir), its metrics
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", served), timeout=2).close()
+
+    trainer, orchestrator = records(out, "trainer"), records(out, "orchestrator")
+    assert [r["step"] for r in trainer] == [r["step"] for r in orchestrator] == list(range(1, steps + 1))
+    assert abs(trainer[0]["mismatch_kl"]) < 1e-3, "the engines sample what the trainer scores"
+    first, last = mean(r["reward"] for r in orchestrator[:3]), mean(r["reward"] for r in orchestrator[-3:])
+    assert last > first + 0.1, f"reward did not rise: first 3 steps {first:.3f}, last 3 steps {last:.3f}"
+
+    # Both engines served while both lived (each engine's own count), then the one left did.
+    served = [(r["step"], r.get(f"replica_requests/127.0.0.1:{alive}"), r.get(f"replica_requests/127.0.0.1:{dead}"))
+              for r in orchestrator]
+    before = [s for s in served if 3 <= s[0] and orchestrator[s[0] - 1]["time"] < killed - 5]
+    assert before and all(a > 0 and d > 0 for _, a, d in before), served
+    assert orchestrator[-1]["replicas_up"] == 1 and all(s[1] > 0 for s in served[-3:]), served
+    assert sum(r["env_errors"] + r["failed_groups"] for r in orchestrator) == 0, "no rollout was lost"
+
+    # Every version reached each engine alive (straight, not through the router).
+    log = (out / "logs" / "orchestrator.log").read_text()
+    loads = re.findall(r"loaded policy v(\d+) into (\d) inference server", log)
+    assert [int(v) for v, _ in loads] == list(range(1, len(loads) + 1)) and len(loads) >= steps - 3, loads
+    both = sum(n == "2" for _, n in loads)
+    assert both >= kill_at - 3 and {n for _, n in loads[both:]} == {"1"}, loads
+    updates = {p: (out / "logs" / f"vllm-{p}.log").read_text().count("POST /collective_rpc") for p in (alive, dead)}
+    assert updates[alive] == len(loads) and both <= updates[dead] <= both + 1, (updates, loads)
+    assert "/collective_rpc" not in (out / "logs" / "vllm-router.log").read_text()
+
+    # The router kept a session on one engine: the probe's requests, one per version.
+    routed = re.findall(r"key='header:x-session-id:([^']+)' -> worker='http://127.0.0.1:(\d+)'",
+                        (out / "logs" / "vllm-router.log").read_text())
+    probe = [int(p) for s, p in routed if s == "probe"]
+    assert len(probe) >= both and len(set(probe[:both])) == 1, probe
+    assert {int(p) for s, p in routed if s.startswith("group-")} == {alive, dead}, "sessions spread over both"
+
+    # The dead engine was said to be dead, and left out.
+    assert (f"warning: inference replica http://127.0.0.1:{dead}/v1 stopped answering its health check: going on "
+            "with 1 of 2 replica(s) (orchestrator.client.on_replica_failure = 'continue')") in log
+    assert "warning: role 'inference[1]' exited with code" in output and "the run goes on without it" in output
+    assert "replicas 2/2 up, requests " in output and "replicas 1/2 up" in output, "the progress line says so"
