@@ -93,6 +93,18 @@ class Requires:
     slot: str | None = None
 
 
+@dataclass(frozen=True)
+class Noted:
+    """Marks a key prime-rl has and prime accepts without doing what it does in prime-rl, because
+    prime does that part differently: set to anything but its default, it prints one line (the
+    key, its value and ``note``: what prime does instead) when the config is loaded. Nothing is
+    silently ignored (``prime_core.config.prime_rl.notes``)."""
+
+    note: str
+    when: Callable[[Any], bool] | None = None
+    """Say it only for values where this is true (by default: any value but the default)."""
+
+
 SECRET_WORDS = ("api_key", "apikey", "token", "secret", "password")
 
 

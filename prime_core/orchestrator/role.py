@@ -95,6 +95,9 @@ class Orchestrator:
         name = config.model.tokenizer or config.model.name
         with loading(name, "model.tokenizer" if config.model.tokenizer else "model.name"):
             self.tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=config.model.trust_remote_code)
+        from prime_core.config.shared import use_chat_template
+
+        use_chat_template(self.tokenizer, config.model)
         from prime_core.inference.backend import describe, select_backend
 
         backend = select_backend(config.client.backend, key="orchestrator.client.backend", manager=manager)
@@ -434,7 +437,7 @@ def _mean(values: list[float]) -> float:
 def run(config) -> int:
     start = 1
     if config.resume:
-        start = ckpt.latest_step(config.output_dir) + 1
+        start = ckpt.latest_step(config.output_dir, step=config.ckpt.resume_step) + 1
         remove_after(config.output_dir, start - 1)
         remove_batches_from(config.output_dir, start)
         drop_steps_from(config.output_dir / METRICS_FILE, "orchestrator", start)

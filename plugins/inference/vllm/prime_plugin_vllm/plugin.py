@@ -67,7 +67,9 @@ def prime_validate_config(config, root):
 
 @hookimpl
 def prime_config_sections():
-    return [ConfigSection(name="inference.model", model="prime_plugin_vllm.config:VLLMModelKeys", merge=True)]
+    return [ConfigSection(name="inference.model", model="prime_plugin_vllm.config:VLLMModelKeys", merge=True),
+            ConfigSection(name="inference", model="prime_plugin_vllm.config:VLLMKeys", merge=True),
+            ConfigSection(name="inference.server", model="prime_plugin_vllm.config:VLLMServerKeys", merge=True)]
 
 
 @hookimpl

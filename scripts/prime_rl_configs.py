@@ -1,0 +1,213 @@
+"""Every example config of prime-rl's releases, through ``prime config validate`` and
+``prime run --dry-run`` unchanged, as a table.
+
+    .venv/bin/python scripts/prime_rl_configs.py PRIME_RL_CHECKOUT              # v0.5.0 and v0.6.0
+    .venv/bin/python scripts/prime_rl_configs.py PRIME_RL_CHECKOUT --tags v0.6.0 --verbose
+
+PRIME_RL_CHECKOUT is a git clone of prime-rl (``git clone https://github.com/PrimeIntellect-ai/prime-rl``);
+nothing of it is copied into this project: the TOMLs under ``examples/`` and ``configs/`` of each
+tag are read with ``git show`` into a temporary folder.
+
+A prime-rl config is written for one of its entry points (``rl``, ``sft``, ``trainer``,
+``orchestrator``, ``inference``) and its own test accepts a file that one of them loads; so
+does this table: each root is tried, the one the file's name suggests first. The validation
+is ``prime config validate`` as on a cluster (``HF_HUB_OFFLINE=0``: hub ids are downloaded there,
+not looked up in this machine's cache); the dry run is ``prime run`` / ``prime sft`` /
+``prime inference`` with ``--dry-run --output_dir TMP`` (a trainer or orchestrator config of a
+multi-run setup is a role config: it has no launch of its own, and its dry run is marked n/a).
+
+With ``--keys``, also every key of the tag's config schema (read from the checkout's own
+pydantic models) is looked up in prime's schema: printed are the keys with no home in prime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import subprocess
+import sys
+import tempfile
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "0"  # validated as a cluster would: hub ids are fetched there
+os.environ.setdefault("PRIME_NO_PROGRESS", "1")
+
+ROOTS = ("rl", "sft", "inference", "orchestrator", "trainer")
+LAUNCHED = ("rl", "sft", "inference")
+NEEDS_OTHER_BRANCH = ("training_mode", "teacher", "student")
+"""Keys of prime-rl's on-policy distillation (``training_mode``, a ``teacher`` model): a config that
+fails only on them is counted apart ("after the teacher merge")."""
+
+
+def example_files(checkout: Path, tag: str) -> list[str]:
+    out = subprocess.run(["git", "-C", str(checkout), "ls-tree", "-r", "--name-only", tag],
+                         check=True, capture_output=True, text=True).stdout.split()
+    return sorted(p for p in out if p.endswith(".toml") and p.split("/")[0] in ("examples", "configs"))
+
+
+def extract(checkout: Path, tag: str, paths: list[str], into: Path) -> None:
+    for path in paths:
+        target = into / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(subprocess.run(["git", "-C", str(checkout), "show", f"{tag}:{path}"],
+                                          check=True, capture_output=True).stdout)
+
+
+def guess_roots(path: Path) -> list[str]:
+    """Roots to try, the likeliest first (by the file's name and its top-level keys)."""
+    name = path.stem
+    data = tomllib.loads(path.read_text())
+    if name in ("sft", "sft_distill_hard") or "sft" in path.parts[-2] or (
+            isinstance(data.get("data"), dict) and "orchestrator" not in data):
+        first = "sft"
+    elif name in ("infer", "inference"):
+        first = "inference"
+    elif name in ("orch", "orchestrator"):
+        first = "orchestrator"
+    elif name in ("trainer", "train") and "orchestrator" not in data:
+        first = "trainer"
+    else:
+        first = "rl"
+    return [first, *(r for r in ROOTS if r != first)]
+
+
+def _quiet(fn, *args):
+    """``fn(*args)`` with its console output kept; returns (result or exception, output)."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+        try:
+            result = fn(*args)
+        except SystemExit as exc:
+            result = exc
+        except Exception as exc:
+            result = exc
+    return result, buffer.getvalue()
+
+
+def validate(root: str, path: Path):
+    from prime_core.cli.common import load_config
+    from prime_core.config.checks import check
+    from prime_core.errors import ConfigError
+
+    config = load_config(root, [str(path)])
+    problems = check(config, root)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def dry_run(root: str, path: Path, out: Path) -> int:
+    from prime_core.cli.run_cmd import launch
+
+    return launch(root, [str(path), "--dry-run", "--output_dir", str(out)])
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # A ConfigError starts with a header line; its problems follow as "- ..." lines.
+    problems = [ln.lstrip("- ") for ln in lines if ln.startswith("- ")]
+    import re
+
+    text = "; ".join(problems[:3]) if problems else (lines[0] if lines else type(exc).__name__)
+    return re.sub(r" \(from [^)]*\)", "", text)
+
+
+def one_file(path: Path, work: Path) -> dict:
+    errors = {}
+    for root in guess_roots(path):
+        result, output = _quiet(validate, root, path)
+        if isinstance(result, BaseException):
+            errors[root] = first_line(result)
+            continue
+        notes = [ln.removeprefix("warning: ") for ln in output.splitlines() if ln.startswith("warning: ")]
+        if root not in LAUNCHED:
+            return {"root": root, "validate": True, "dry_run": None, "notes": notes}
+        out = work / "out" / str(abs(hash(path)))
+        result, output = _quiet(dry_run, root, path, out)
+        ok = result == 0 and (out / "configs").is_dir()
+        reason = "" if ok else (first_line(result) if isinstance(result, BaseException) else output.strip()[-300:])
+        return {"root": root, "validate": True, "dry_run": ok, "reason": reason, "notes": notes}
+    first = guess_roots(path)[0]
+    reason = errors[first]
+    teacher_only = all(any(k in line for k in NEEDS_OTHER_BRANCH) for line in reason.split("; "))
+    return {"root": first, "validate": False, "dry_run": False, "reason": reason, "teacher_only": teacher_only}
+
+
+def run_tag(checkout: Path, tag: str, verbose: bool) -> dict:
+    files = example_files(checkout, tag)
+    with tempfile.TemporaryDirectory(prefix=f"prime-rl-{tag}-") as tmp:
+        work = Path(tmp)
+        extract(checkout, tag, files, work / "src")
+        rows = []
+        for rel in files:
+            row = one_file(work / "src" / rel, work)
+            row["file"] = rel
+            rows.append(row)
+            mark = {True: "ok", False: "FAIL", None: "n/a"}
+            print(f"{tag}  {rel:60s} {row['root']:12s} validate {mark[row['validate']]:4s} "
+                  f"dry-run {mark[row['dry_run']]:4s}"
+                  + (f"  {row['reason'][:200]}" if row.get("reason") else ""), flush=True)
+            if verbose:
+                for note in row.get("notes", []):
+                    print(f"      note: {note}")
+    n = len(rows)
+    valid = sum(r["validate"] for r in rows)
+    dry = sum(r["dry_run"] is not False and r["validate"] for r in rows)
+    teacher = sum(bool(r.get("teacher_only")) for r in rows)
+    return {"tag": tag, "files": n, "validate": valid, "dry_run": dry, "teacher_only": teacher, "rows": rows}
+
+
+def print_summary(results: list[dict]) -> None:
+    print()
+    print(f"{'tag':8s} {'files':>5s} {'validate':>14s} {'dry-run':>14s} {'+ teacher merge':>16s}")
+    for r in results:
+        n = r["files"]
+        print(f"{r['tag']:8s} {n:5d} {r['validate']:5d} ({100 * r['validate'] / n:5.1f}%) "
+              f"{r['dry_run']:5d} ({100 * r['dry_run'] / n:5.1f}%) {r['teacher_only']:8d}")
+    reasons = Counter()
+    for r in results:
+        for row in r["rows"]:
+            if not row["validate"] or row["dry_run"] is False:
+                reasons[row["reason"][:160]] += 1
+    if reasons:
+        print("\nreasons (files):")
+        for reason, count in reasons.most_common():
+            print(f"  {count:3d}  {reason}")
+
+
+def missing_keys(checkout: Path, tag: str) -> list[str]:
+    """prime-rl's config keys of ``tag`` with no home in prime (see ``prime_core.config.prime_rl``)."""
+    from prime_core.config.prime_rl import schema_keys_of_checkout, unhomed_keys
+
+    keys = schema_keys_of_checkout(checkout, tag)
+    return unhomed_keys(keys)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkout", type=Path, help="a git clone of prime-rl")
+    parser.add_argument("--tags", nargs="+", default=["v0.5.0", "v0.6.0"])
+    parser.add_argument("--verbose", action="store_true", help="also print each config's compatibility notes")
+    parser.add_argument("--keys", action="store_true", help="also list schema keys with no home in prime")
+    args = parser.parse_args()
+    if not (args.checkout / ".git").exists() and not (args.checkout / "HEAD").exists():
+        print(f"{args.checkout}: not a git checkout of prime-rl", file=sys.stderr)
+        return 2
+    results = [run_tag(args.checkout, tag, args.verbose) for tag in args.tags]
+    print_summary(results)
+    if args.keys:
+        for tag in args.tags:
+            missing = missing_keys(args.checkout, tag)
+            print(f"\n{tag}: {len(missing)} schema keys without a home in prime")
+            for key in missing:
+                print(f"  {key}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
