@@ -38,9 +38,16 @@ os.environ.setdefault("PRIME_NO_PROGRESS", "1")
 
 ROOTS = ("rl", "sft", "inference", "orchestrator", "trainer")
 LAUNCHED = ("rl", "sft", "inference")
-NEEDS_OTHER_BRANCH = ("training_mode", "teacher", "student")
-"""Keys of prime-rl's on-policy distillation (``training_mode``, a ``teacher`` model): a config that
-fails only on them is counted apart ("after the teacher merge")."""
+CATEGORIES = (
+    ("teacher", ("training_mode", "teacher", "student", "'loss:sft'", "loss.type = 'sft'")),
+    ("nccl", ("weight transport named 'nccl'",)),
+    ("replicas", ("num_infer_replicas",)),
+    ("environment", ("no installed plugin provides an environment", "environment 'reverse_text' has no argument")),
+)
+"""Failures that are not this table's business, by what they wait for: prime-rl's distillation keys
+(``training_mode``, a ``teacher`` model: the teacher branch), the ``nccl`` weight transport and
+``deployment.num_infer_replicas`` (the inference-at-scale branch), and environments that are not
+installed here (a verifiers environment of prime-rl's hub, which a cluster installs)."""
 
 
 def example_files(checkout: Path, tag: str) -> list[str]:
@@ -61,8 +68,7 @@ def guess_roots(path: Path) -> list[str]:
     """Roots to try, the likeliest first (by the file's name and its top-level keys)."""
     name = path.stem
     data = tomllib.loads(path.read_text())
-    if name in ("sft", "sft_distill_hard") or "sft" in path.parts[-2] or (
-            isinstance(data.get("data"), dict) and "orchestrator" not in data):
+    if "orchestrator" not in data and (name == "sft" or "sft" in path.parts[-2] or isinstance(data.get("data"), dict)):
         first = "sft"
     elif name in ("infer", "inference"):
         first = "inference"
@@ -117,25 +123,55 @@ def first_line(exc: BaseException) -> str:
     return re.sub(r" \(from [^)]*\)", "", text)
 
 
+def loads(root: str, path: Path):
+    from prime_core.cli.common import load_config
+
+    return load_config(root, [str(path)])
+
+
 def one_file(path: Path, work: Path) -> dict:
-    errors = {}
-    for root in guess_roots(path):
+    """The first root (likeliest first) the file validates for; otherwise the likeliest one the
+    file loads for (the schema takes it, an installed-plugin check fails), else the likeliest."""
+    roots = guess_roots(path)
+    errors, loaded = {}, None
+    for root in roots:
         result, output = _quiet(validate, root, path)
-        if isinstance(result, BaseException):
-            errors[root] = first_line(result)
-            continue
-        notes = [ln.removeprefix("warning: ") for ln in output.splitlines() if ln.startswith("warning: ")]
-        if root not in LAUNCHED:
-            return {"root": root, "validate": True, "dry_run": None, "notes": notes}
-        out = work / "out" / str(abs(hash(path)))
-        result, output = _quiet(dry_run, root, path, out)
-        ok = result == 0 and (out / "configs").is_dir()
-        reason = "" if ok else (first_line(result) if isinstance(result, BaseException) else output.strip()[-300:])
-        return {"root": root, "validate": True, "dry_run": ok, "reason": reason, "notes": notes}
-    first = guess_roots(path)[0]
-    reason = errors[first]
-    teacher_only = all(any(k in line for k in NEEDS_OTHER_BRANCH) for line in reason.split("; "))
-    return {"root": first, "validate": False, "dry_run": False, "reason": reason, "teacher_only": teacher_only}
+        if not isinstance(result, BaseException):
+            return _with_dry_run({"root": root, "loads": True, "validate": True}, root, path, work, output)
+        errors[root] = first_line(result)
+        if loaded is None and not isinstance(_quiet(loads, root, path)[0], BaseException):
+            loaded = root
+    root = loaded or roots[0]
+    row = {"root": root, "loads": loaded is not None, "validate": False, "reason": errors[root],
+           "waits_for": waits_for(errors[root])}
+    return _with_dry_run(row, root, path, work, "") if loaded else {**row, "dry_run": False}
+
+
+def _with_dry_run(row: dict, root: str, path: Path, work: Path, output: str) -> dict:
+    row["notes"] = [ln.removeprefix("warning: ") for ln in output.splitlines() if ln.startswith("warning: ")]
+    if root not in LAUNCHED:
+        row["dry_run"] = None
+        return row
+    out = work / "out" / str(abs(hash(path)))
+    result, output = _quiet(dry_run, root, path, out)
+    row["dry_run"] = result == 0 and (out / "configs").is_dir()
+    if not row["dry_run"] and row["validate"]:
+        row["reason"] = first_line(result) if isinstance(result, BaseException) else output.strip()[-300:]
+    return row
+
+
+def waits_for(reason: str) -> str | None:
+    """The category (``CATEGORIES``) every problem of ``reason`` belongs to, if they share one
+    (distillation keys together with anything else count as distillation)."""
+    found = set()
+    for line in reason.split("; "):
+        kinds = [name for name, marks in CATEGORIES if any(m in line for m in marks)]
+        if not kinds:
+            return None
+        found.add(kinds[0])
+    if len(found) == 1:
+        return found.pop()
+    return "teacher" if "teacher" in found else "+".join(sorted(found))
 
 
 def run_tag(checkout: Path, tag: str, verbose: bool) -> dict:
@@ -149,35 +185,44 @@ def run_tag(checkout: Path, tag: str, verbose: bool) -> dict:
             row["file"] = rel
             rows.append(row)
             mark = {True: "ok", False: "FAIL", None: "n/a"}
-            print(f"{tag}  {rel:60s} {row['root']:12s} validate {mark[row['validate']]:4s} "
-                  f"dry-run {mark[row['dry_run']]:4s}"
+            print(f"{tag}  {rel:60s} {row['root']:12s} loads {mark[row['loads']]:4s} validate "
+                  f"{mark[row['validate']]:4s} dry-run {mark[row['dry_run']]:4s}"
                   + (f"  {row['reason'][:200]}" if row.get("reason") else ""), flush=True)
             if verbose:
                 for note in row.get("notes", []):
                     print(f"      note: {note}")
     n = len(rows)
     valid = sum(r["validate"] for r in rows)
-    dry = sum(r["dry_run"] is not False and r["validate"] for r in rows)
-    teacher = sum(bool(r.get("teacher_only")) for r in rows)
-    return {"tag": tag, "files": n, "validate": valid, "dry_run": dry, "teacher_only": teacher, "rows": rows}
+    loaded = sum(r["loads"] for r in rows)
+    dry = sum(r["dry_run"] is not False for r in rows)
+    waiting = Counter(r["waits_for"] for r in rows if r.get("waits_for"))
+    return {"tag": tag, "files": n, "loads": loaded, "validate": valid, "dry_run": dry, "waiting": waiting,
+            "rows": rows}
 
 
 def print_summary(results: list[dict]) -> None:
     print()
-    print(f"{'tag':8s} {'files':>5s} {'validate':>14s} {'dry-run':>14s} {'+ teacher merge':>16s}")
+    kinds = [name for name, _ in CATEGORIES]
+    print(f"{'tag':8s} {'files':>5s} {'loads':>14s} {'validate':>14s} {'dry-run':>14s}   validation fails only "
+          "for: " + ", ".join(kinds))
     for r in results:
         n = r["files"]
-        print(f"{r['tag']:8s} {n:5d} {r['validate']:5d} ({100 * r['validate'] / n:5.1f}%) "
-              f"{r['dry_run']:5d} ({100 * r['dry_run'] / n:5.1f}%) {r['teacher_only']:8d}")
+        other = sum(v for k, v in r["waiting"].items() if k not in kinds)
+        waiting = " ".join(f"{r['waiting'].get(k, 0):3d}" for k in kinds) + (f"  (mixed: {other})" if other else "")
+        print(f"{r['tag']:8s} {n:5d} {r['loads']:5d} ({100 * r['loads'] / n:5.1f}%) "
+              f"{r['validate']:5d} ({100 * r['validate'] / n:5.1f}%) "
+              f"{r['dry_run']:5d} ({100 * r['dry_run'] / n:5.1f}%)   {waiting}")
+        fixable = r["validate"] + sum(r["waiting"].values())
+        print(f"{'':8s} {'':5s} validate, or fail only for those: {fixable} ({100 * fixable / n:5.1f}%)")
     reasons = Counter()
     for r in results:
         for row in r["rows"]:
-            if not row["validate"] or row["dry_run"] is False:
-                reasons[row["reason"][:160]] += 1
+            if row.get("reason"):
+                reasons[(row.get("waits_for") or "-", row["reason"][:150])] += 1
     if reasons:
         print("\nreasons (files):")
-        for reason, count in reasons.most_common():
-            print(f"  {count:3d}  {reason}")
+        for (kind, reason), count in reasons.most_common():
+            print(f"  {count:3d}  [{kind}] {reason}")
 
 
 def missing_keys(checkout: Path, tag: str) -> list[str]:

@@ -44,6 +44,22 @@ class Section(BaseModel):
                 numeric.update(c for c in info.validation_alias.choices if isinstance(c, str))
         return {k: (str(v).lower() if isinstance(v, bool) and k in numeric else v) for k, v in data.items()}
 
+    @model_validator(mode="before")
+    @classmethod
+    def _dashes_are_underscores(cls, data: Any) -> Any:
+        # prime-rl's loader reads `micro-batch-size` as `micro_batch_size` (as prime's command line does).
+        if not isinstance(data, dict) or not any(isinstance(k, str) and "-" in k for k in data):
+            return data
+        names = set(cls.model_fields)
+        for info in cls.model_fields.values():
+            if isinstance(info.validation_alias, AliasChoices):
+                names.update(c for c in info.validation_alias.choices if isinstance(c, str))
+        out = {}
+        for key, value in data.items():
+            under = key.replace("-", "_") if isinstance(key, str) else key
+            out[under if key not in names and under in names and under not in data else key] = value
+        return out
+
 
 def _toggle(value: Any) -> Any:
     # prime-rl's convention: `[trainer.model.compile]` (an empty table), `--trainer.model.compile`

@@ -14,6 +14,10 @@ _SINGLE_NODE_KEYS = {"num_train_gpus", "num_infer_gpus", "num_gpus", "inference_
 
 
 def _infer_type(value: Any) -> Any:
+    if isinstance(value, dict) and value.get("type") == "disaggregated":
+        raise ValueError("type = 'disaggregated' (prime-rl's prefill/decode disaggregation): prime serves each "
+                         "replica whole, without P/D disaggregation; use type = 'single_node' or 'multi_node' "
+                         "(num_prefill_*/num_decode_* nodes become inference nodes)")
     if isinstance(value, dict) and "type" not in value:
         # gpus_per_node belongs to both (prime-rl's single-node tables have it too): alone it means nodes.
         multi = _MULTI_NODE_KEYS & value.keys() or ("gpus_per_node" in value and not _SINGLE_NODE_KEYS & value.keys())

@@ -104,7 +104,9 @@ class EnvConfig(Section):
 class EvalEnvConfig(EnvConfig):
     """One environment to evaluate, with prime-rl's per-environment overrides."""
 
-    num_examples: int | None = Field(default=None, ge=-1)
+    num_examples: Annotated[int | None, Noted(
+        "-1 (all examples): prime evaluates a fixed sample of eval.num_examples examples; set a number",
+        when=lambda v: v == -1)] = Field(default=None, ge=-1)
     """Examples of this environment; unset: ``eval.num_examples``."""
     rollouts_per_example: int | None = Field(default=None, ge=1,
                                              validation_alias=AliasChoices("rollouts_per_example", "group_size"))
@@ -157,7 +159,8 @@ class EvalConfig(Section):
         "-1 (all examples): prime evaluates a fixed sample of 32 examples per environment; set a number",
         when=lambda v: v == -1)] = Field(default=32, ge=-1)
     """Examples per environment: the first ``num_examples`` tasks drawn with ``seed``."""
-    rollouts_per_example: int = Field(default=4, ge=1, validation_alias=AliasChoices("rollouts_per_example", "k"))
+    rollouts_per_example: int = Field(default=4, ge=1,
+                                      validation_alias=AliasChoices("rollouts_per_example", "k", "group_size"))
     """Rollouts per example (k of pass@k and avg@k)."""
     seed: int = 1234
     temperature: float | None = Field(default=None, ge=0)
