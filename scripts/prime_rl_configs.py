@@ -43,11 +43,13 @@ CATEGORIES = (
     ("nccl", ("weight transport named 'nccl'",)),
     ("replicas", ("num_infer_replicas",)),
     ("environment", ("no installed plugin provides an environment", "environment 'reverse_text' has no argument")),
+    ("this-cpu", ("vLLM on CPU binds",)),
 )
 """Failures that are not this table's business, by what they wait for: prime-rl's distillation keys
 (``training_mode``, a ``teacher`` model: the teacher branch), the ``nccl`` weight transport and
 ``deployment.num_infer_replicas`` (the inference-at-scale branch), and environments that are not
-installed here (a verifiers environment of prime-rl's hub, which a cluster installs)."""
+installed here (a verifiers environment of prime-rl's hub, which a cluster installs), and vLLM's
+tensor parallelism, which this CPU machine cannot serve (its GPU hosts can)."""
 
 
 def example_files(checkout: Path, tag: str) -> list[str]:

@@ -192,7 +192,8 @@ def validate(schema: type[BaseModel], data: dict[str, Any], provenance: Provenan
     if root is not None:
         from prime_core.config.prime_rl import newer_layout_problem
 
-        newer = newer_layout_problem(data, root)
+        backends = tuple(manager.registry("inference_backends")) if manager is not None else ()
+        newer = newer_layout_problem(data, root, backends)
         if newer:
             raise ConfigError([newer], source=source)
     try:

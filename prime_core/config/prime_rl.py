@@ -75,9 +75,12 @@ def notes(config: BaseModel) -> list[str]:
 NEWER_LAYOUT = (
     (("orchestrator", "train", "source"), "[[orchestrator.train.source]] (v0.8.0)",
      "[[orchestrator.train.env]] (or [[orchestrator.env]]) with id, name and args"),
-    (("monitors",), "[monitors.*] tables (after v0.8.0)", "top-level [wandb] / [tensorboard] tables"),
-    (("inference", "vllm"), "[inference.vllm] (after v0.8.0)", "vLLM options under [inference] and [inference.model]"),
+    (("monitors",), "[monitors.*] tables (after v0.8.0)",
+     "the monitor plugins' tables at the top level ([NAME], `prime plugins list` names them)"),
+    (("inference", "{backend}"), "[inference.{backend}] (after v0.8.0)",
+     "the inference server's options under [inference] and [inference.model]"),
 )
+"""``{backend}``: each inference backend's name (the newer layout gives its options a table of its own)."""
 
 
 def _at(data: Any, path: tuple[str, ...]) -> Any:
@@ -88,17 +91,22 @@ def _at(data: Any, path: tuple[str, ...]) -> Any:
     return data
 
 
-def newer_layout_problem(data: dict, root: str) -> str | None:
-    """The one message for a config of prime-rl's newer layout (``None`` for any other)."""
+def newer_layout_problem(data: dict, root: str, backends: tuple[str, ...] = ()) -> str | None:
+    """The one message for a config of prime-rl's newer layout (``None`` for any other);
+    ``backends``: the names of the installed inference backends."""
     found = []
-    for path, mark, instead in NEWER_LAYOUT:
+    marks = [(path, mark, instead) for path, mark, instead in NEWER_LAYOUT if "{backend}" not in path[-1]]
+    for name in backends:
+        marks.extend((tuple(p.format(backend=name) for p in path), mark.format(backend=name), instead)
+                     for path, mark, instead in NEWER_LAYOUT if "{backend}" in path[-1])
+    for path, mark, instead in marks:
         if root != "rl" and path[0] == root:
             path = path[1:]
         elif root != "rl" and path[0] in ("orchestrator", "inference"):
             continue
         value = _at(data, path)
         # `monitors` is prime's list of metric sinks; only a table of tables is the newer layout.
-        if value is not None and (path != ("monitors",) or isinstance(value, dict)):
+        if isinstance(value, dict) if path[-1] in ("monitors", *backends) else value is not None:
             found.append((mark, instead))
     if not found:
         return None

@@ -198,7 +198,7 @@ class LogConfig(Section):
         "prime's role logs are text lines under output_dir/logs; metrics.jsonl holds every metric as JSON")] = False
     interval: Annotated[float | None, Noted("prime's roles log once per step")] = None
     log_data: Annotated[bool, Noted("prime does not log a data sample at start-up")] = False
-    vf_level: Annotated[str | None, Noted("verifiers' logs follow log.level in prime")] = None
+    vf_level: Annotated[str | None, Noted("the environments' logs follow log.level in prime")] = None
     file: Annotated[Any, Noted("prime always writes each role's log to output_dir/logs")] = None
     env_worker_logs: Annotated[Any, Noted("prime runs environments inside the orchestrator; its log has theirs")
                                ] = None

@@ -321,7 +321,8 @@ class OrchestratorConfig(Section):
     rollout_transport: Annotated[dict[str, Any] | None, Noted("batches reach the trainer as files under "
                                                               "output_dir/rollouts")] = None
     prime_monitor: Annotated[dict[str, Any] | None, Noted(
-        "Prime Intellect's hosted monitor is not part of prime; use [wandb] or [tensorboard]")] = None
+        "Prime Intellect's hosted monitor is not part of prime; use a monitor plugin's table (`prime plugins list`)")
+    ] = None
     heartbeat: Annotated[dict[str, Any] | None, Noted(
         "prime sends no heartbeats; metrics.jsonl and the role logs show progress")] = None
     collect_inference_metrics: Annotated[bool, Noted("prime's metrics show requests per replica")] = True

@@ -48,8 +48,6 @@ class TrainerModelConfig(ModelRef):
     index_cache: Annotated[Any, Noted("prime's model implementations keep no sparse-attention index cache")] = None
     debug: Annotated[dict[str, Any] | None, Noted(
         "prime builds the checkpoint's model as it is; for a small debug model use `prime model tiny DIR`")] = None
-    fp8: Annotated[bool, Noted(
-        "prime's FP8 training is trainer.model.quantization = \"fp8\" (prime-plugin-fp8)")] = False
 
 
 class OptimConfig(Section):
