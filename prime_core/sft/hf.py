@@ -34,7 +34,8 @@ def subsets_and_splits(data) -> list[tuple[str | None, str]]:
 
 def load_rows(data) -> Any:
     """The rows of ``data.name``, every subset/split pair, interleaved into one dataset."""
-    from prime_core.hf_data import DatasetUnavailable, load_rows as load_split
+    from prime_core.hf_data import DatasetUnavailable
+    from prime_core.hf_data import load_rows as load_split
 
     parts = []
     for subset, split in subsets_and_splits(data):
@@ -105,10 +106,10 @@ def masked_sample(tokenizer, messages: list[dict], loss_mask) -> TrainingSample:
         ids, mask = ids + span, mask + [1] * trained + [0] * (len(span) - trained)
     if 1 not in mask:
         raise ValueError("no token to train on (data.loss_mask names none of this chat's roles)")
-    first = mask.index(1)
-    completion = ids[first:]
+    first, end = mask.index(1), len(mask) - mask[::-1].index(1)  # untrained tokens after the last turn go
+    completion = ids[first:end]
     return TrainingSample(ids[:first], completion, [0.0] * len(completion), 1.0, 0.0, 0,
-                          completion_mask=mask[first:])
+                          completion_mask=mask[first:end])
 
 
 def load_samples(data, tokenizer) -> list[TrainingSample]:

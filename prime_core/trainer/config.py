@@ -218,8 +218,9 @@ class TrainerConfig(Section):
             model = dict(data["model"])
             data = {**data, "model": model}
             data["seq_len"] = model.pop("seq_len")  # the role's own value wins over a top-level seq_len
-        fake = data.get("data", {}).get("fake") if isinstance(data, dict) and isinstance(data.get("data"), dict) else None
-        if isinstance(fake, dict) and "seq_len" in fake:  # prime-rl's fake data has its own; prime's uses the trainer's
+        table = data.get("data") if isinstance(data, dict) else None
+        fake = table.get("fake") if isinstance(table, dict) else None
+        if isinstance(fake, dict) and "seq_len" in fake:  # prime-rl's fake data has its own; prime's is the trainer's
             fake = dict(fake)
             data = {**data, "data": {**data["data"], "fake": fake}}
             data["seq_len"] = fake.pop("seq_len")
