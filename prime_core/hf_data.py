@@ -72,7 +72,7 @@ def _explain(shown: str, name: str, subset: str | None, split: str, exc: Excepti
     fix = (f"on a machine that reaches the Hub, run `python -c \"import datasets; datasets.load_dataset("
            f"{name!r}, {subset!r}, split={split!r})\"` and copy its HF_HOME cache here (HF_HOME or "
            "HF_DATASETS_CACHE points at it), or save the rows with `.save_to_disk(DIR)` or as a .jsonl/.parquet "
-           "file and set {key} to that path")
+           f"file and set {key} to that path")
     if offline:
         fix += "; where the Hub is reachable, HF_HUB_OFFLINE=0 lets datasets download it"
     mode = "offline (HF_HUB_OFFLINE=1), from " if offline else "from the Hub or "
