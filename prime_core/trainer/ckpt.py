@@ -166,7 +166,10 @@ def load(path: Path, model, optimizer, *, skip_optimizer: bool = False) -> dict:
                          hint=f"if it is damaged, move {path} aside and resume again: the previous checkpoint "
                               "is used") from None
     if skip_optimizer:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict={})
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(model, state["model"])
+        optimizer.state.clear()  # reading the layout above filled it with a zero step
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return json.loads((path / "progress.json").read_text())

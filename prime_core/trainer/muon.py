@@ -36,7 +36,7 @@ def orthogonalise(matrix: torch.Tensor, steps: int = NS_STEPS, eps: float = 1e-7
     x = x / x.norm().clamp(min=eps)
     for _ in range(steps):
         gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return x.T if tall else x
 
 
