@@ -16,8 +16,9 @@ not looked up in this machine's cache); the dry run is ``prime run`` / ``prime s
 ``prime inference`` with ``--dry-run --output_dir TMP`` (a trainer or orchestrator config of a
 multi-run setup is a role config: it has no launch of its own, and its dry run is marked n/a).
 
-With ``--keys``, also every key of the tag's config schema (read from the checkout's own
-pydantic models) is looked up in prime's schema: printed are the keys with no home in prime.
+With ``--keys``, also every key of the tag's ``rl`` and ``sft`` schemas (its pydantic models,
+walked in a subprocess with stand-ins for the two non-config packages they import) is looked up
+in prime's schema (``prime_core.config.prime_rl.has_home``): printed are the keys with no home.
 """
 
 from __future__ import annotations
@@ -227,12 +228,83 @@ def print_summary(results: list[dict]) -> None:
             print(f"  {count:3d}  [{kind}] {reason}")
 
 
-def missing_keys(checkout: Path, tag: str) -> list[str]:
-    """prime-rl's config keys of ``tag`` with no home in prime (see ``prime_core.config.prime_rl``)."""
-    from prime_core.config.prime_rl import schema_keys_of_checkout, unhomed_keys
+WALK = r"""
+import json, sys, types, typing
+from pydantic import BaseModel
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+for name in ("prime_rl.utils.logger", "prime_rl.utils.utils"):
+    module = types.ModuleType(name)
+    module.get_logger = lambda *a, **k: None
+    module.rgetattr = module.rsetattr = None
+    sys.modules[name] = module
 
-    keys = schema_keys_of_checkout(checkout, tag)
-    return unhomed_keys(keys)
+def models(annotation):
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for a in typing.get_args(annotation) for m in models(a)]
+
+def walk(cls, prefix, out, depth=0):
+    for name, info in cls.model_fields.items():
+        out.add(prefix + name)
+        if depth < 8:
+            for sub in models(info.annotation):
+                walk(sub, f"{prefix}{name}.", out, depth + 1)
+
+import importlib
+keys = {}
+for root, cls in (("rl", "RLConfig"), ("sft", "SFTConfig")):
+    out = set()
+    walk(getattr(importlib.import_module(f"prime_rl.configs.{root}"), cls), "", out)
+    keys[root] = sorted(out)
+print(json.dumps(keys))
+"""
+
+STUBS = {
+    # prime-rl's config modules import these; their models are not needed to list the keys.
+    "pydantic_config/__init__.py": "from pydantic import BaseModel, ConfigDict\n"
+                                   "class BaseConfig(BaseModel):\n    model_config = ConfigDict(extra='forbid')\n"
+                                   "cli = None\n",
+    "renderers/__init__.py": "from pydantic import BaseModel, ConfigDict\n"
+                             "class RendererConfig(BaseModel):\n    model_config = ConfigDict(extra='allow')\n"
+                             "    name: str = 'auto'\nclass AutoRendererConfig(RendererConfig):\n    pass\n",
+    "renderers/base/__init__.py": "MODEL_RENDERER_MAP = {}\n",
+}
+
+
+def schema_keys_of_checkout(checkout: Path, tag: str) -> dict[str, list[str]]:
+    """Every dotted key of prime-rl's ``rl`` and ``sft`` config models at ``tag`` (its pydantic
+    models walked in a subprocess, with stand-ins for the few non-config modules they import)."""
+    with tempfile.TemporaryDirectory(prefix=f"prime-rl-src-{tag}-") as tmp:
+        work = Path(tmp)
+        files = subprocess.run(["git", "-C", str(checkout), "ls-tree", "-r", "--name-only", tag],
+                               check=True, capture_output=True, text=True).stdout.split()
+        configs = [f for f in files if "/prime_rl/configs/" in f or "/prime_rl/utils/" in f]
+        extract(checkout, tag, [f for f in configs if f.endswith(".py")], work / "src")
+        source = next(p.parents[2] for p in (work / "src").rglob("prime_rl/configs/rl.py"))
+        for relative, text in STUBS.items():
+            (work / "stubs" / relative).parent.mkdir(parents=True, exist_ok=True)
+            (work / "stubs" / relative).write_text(text)
+        for package in (source / "prime_rl", source / "prime_rl" / "configs", source / "prime_rl" / "utils"):
+            (package / "__init__.py").touch()
+        out = subprocess.run([sys.executable, "-c", WALK, str(work / "stubs"), str(source)],
+                             check=True, capture_output=True, text=True).stdout
+    import json
+
+    return json.loads(out)
+
+
+def missing_keys(checkout: Path, tag: str) -> list[str]:
+    """prime-rl's config keys of ``tag`` with no home in prime (``prime_core.config.prime_rl.has_home``),
+    a table's keys shown once as the table."""
+    from prime_core.config.checks import schema_for
+    from prime_core.config.prime_rl import has_home
+
+    missing = []
+    for root, keys in schema_keys_of_checkout(checkout, tag).items():
+        schema = schema_for(root)
+        missing += [f"{root}: {key}" for key in keys if not has_home(schema, key)]
+    found = set(missing)
+    return [m for m in missing if "." not in m or m.rsplit(".", 1)[0] not in found]
 
 
 def main() -> int:

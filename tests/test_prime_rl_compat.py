@@ -552,3 +552,35 @@ def test_checkpoints_resume_step_keep_interval_and_skip_optimizer(tmp_path):
     ckpt.load(ckpt.latest_usable(tmp_path, step=4)[1], fresh, fresh_optimizer)
     torch.testing.assert_close(fresh.weight, model.weight)
     assert fresh_optimizer.state
+
+
+PRIME_RL_KEYS = {
+    # a sample of every family, by prime-rl 0.5 / 0.6 name (scripts/prime_rl_configs.py --keys checks them all)
+    "rl": """wandb.project wandb.name wandb.tags wandb.offline trainer.wandb.project
+        orchestrator.wandb.log_extras.samples orchestrator.train.env.id orchestrator.train.env.args
+        orchestrator.train.env.ratio orchestrator.train.env.address
+        orchestrator.train.sampling.max_completion_tokens orchestrator.train.max_retries orchestrator.renderer.name
+        orchestrator.eval.env.group_size orchestrator.eval.sampling.temperature orchestrator.eval.skip_first_step
+        orchestrator.val.interval inference.gpu_memory_utilization inference.enable_lora inference.max_lora_rank
+        inference.api_server_count inference.enable_expert_parallel inference.enable_prefix_caching
+        inference.model.tool_call_parser inference.model.reasoning_parser inference.vllm_extra inference.seed
+        inference.kv_cache_offload.type ckpt.resume_step ckpt.keep_interval trainer.ckpt.skip_optimizer
+        trainer.ckpt.weights.save_adapter_separately orchestrator.oversampling_factor orchestrator.max_inflight_rollouts
+        orchestrator.buffer.online_difficulty_filtering orchestrator.buffer.easy_threshold
+        orchestrator.pre_batch_filters.enforce orchestrator.filters.window max_async_level clean_output_dir
+        trainer.model.seq_len trainer.optim.mu trainer.optim.betas1 trainer.dist_timeout_seconds
+        trainer.scheduler.min_lr trainer.loss.dppo_mask_low tokenizer.name log.json_logging slurm.exclude""",
+    "sft": """data.name data.splits data.subsets data.type data.seq_len data.micro_batch_size data.loss_mask.user
+        ckpt.resume_step model.seq_len optim.betas2 deployment.nodes_per_fsdp_group wandb.project""",
+}
+
+
+@pytest.mark.parametrize("root", sorted(PRIME_RL_KEYS))
+def test_every_key_family_has_a_home(root):
+    from prime_core.config.checks import schema_for
+    from prime_core.config.prime_rl import has_home
+
+    schema = schema_for(root)
+    keys = PRIME_RL_KEYS[root].split()
+    assert [key for key in keys if not has_home(schema, key)] == []
+    assert not has_home(schema, "orchestrator.no_such_key" if root == "rl" else "data.no_such_key")

@@ -7,7 +7,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict, model_validator
 
@@ -30,6 +30,10 @@ class Section(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True,
                               populate_by_name=True)
+
+    prime_rl_keys: ClassVar[tuple[str, ...]] = ()
+    """prime-rl's keys (dotted, relative to this section) that a ``mode="before"`` validator of
+    this section reads into prime's own keys: their home (``prime_core.config.prime_rl.has_home``)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -114,3 +114,30 @@ def newer_layout_problem(data: dict, root: str, backends: tuple[str, ...] = ()) 
     instead = "; ".join(i for _, i in found)
     return (f"this config uses prime-rl's newer layout ({marks}), which prime does not read. prime reads the "
             f"layout of prime-rl v0.5 and v0.6: write {instead} (see {DOCS} for the whole mapping)")
+
+
+def _moved(model: type[BaseModel]) -> set[str]:
+    return {key for klass in model.__mro__ for key in getattr(klass, "prime_rl_keys", ())}
+
+
+def has_home(root: type[BaseModel], path: str) -> bool:
+    """Whether prime's schema ``root`` has a home for prime-rl's dotted key ``path``: a field (or
+    an alias of one) at every level, a key a section's validator reads (``prime_rl_keys``), or a
+    place inside a free-form table (``dict``). Union members are tried in turn."""
+    from prime_core.config.schema import _by_alias, _models_in
+
+    def walk(model: type[BaseModel], parts: list[str]) -> bool:
+        rest = ".".join(parts)
+        if any(rest == key or rest.startswith(f"{key}.") for key in _moved(model)):
+            return True
+        info = model.model_fields.get(parts[0]) or _by_alias(model, parts[0])
+        if info is None:
+            return False
+        if len(parts) == 1:
+            return True
+        members = _models_in(info.annotation)
+        if not members:
+            return "dict" in str(info.annotation) or "Any" in str(info.annotation)
+        return any(walk(member, parts[1:]) for member in members)
+
+    return walk(root, path.split("."))

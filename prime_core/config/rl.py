@@ -91,6 +91,7 @@ class RLConfig(Section):
     """Plugin names that must be installed and active, e.g. ``["deepep"]``."""
 
     shared_keys: ClassVar[dict[str, tuple[str, ...]]] = SHARED_KEYS
+    prime_rl_keys: ClassVar[tuple[str, ...]] = ("max_async_level", "max_model_len", "tokenizer")
     """Top-level keys copied into the roles (plugins' sections with ``roles`` add theirs)."""
 
     @model_validator(mode="before")

@@ -39,6 +39,9 @@ class ModelRef(Section):
     vlm: dict[str, Any] | None = None
     """prime-rl's vision-language settings: refused, prime trains and serves text-only models."""
 
+    prime_rl_keys: ClassVar[tuple[str, ...]] = ("tokenizer.name", "tokenizer.trust_remote_code",
+                                                "tokenizer.chat_template")
+
     needs_tokenizer: ClassVar[bool] = True
     """Whether the role reading this section tokenizes (the RL trainer does not)."""
     needs_weights: ClassVar[bool] = True

@@ -3,7 +3,7 @@ left out it is inferred (any ``*_nodes`` key means ``multi_node``)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -116,7 +116,15 @@ class SFTMultiNodeDeployment(Section):
     """Nodes per FSDP island; sets ``model.dp_replicate``."""
 
 
+DISAGGREGATED_KEYS = ("num_prefill_nodes", "num_decode_nodes", "num_prefill_replicas", "num_decode_replicas",
+                      "prefill_port", "decode_port", "prefill_env_overrides", "decode_env_overrides",
+                      "prefill_vllm_overrides", "decode_vllm_overrides")
+"""prime-rl's keys of ``type = "disaggregated"``, which ``infer_deployment_type`` refuses."""
+
+
 class InferenceSingleNodeDeployment(Section):
+    prime_rl_keys: ClassVar[tuple[str, ...]] = DISAGGREGATED_KEYS
+
     type: Literal["single_node"] = "single_node"
     num_gpus: int = Field(default=1, ge=0)
     gpus_per_node: int = Field(default=8, ge=1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
@@ -144,6 +144,9 @@ class EvalSamplingConfig(Section):
     top_k: Annotated[int | None, Noted("prime samples without top-k")] = None
     min_p: Annotated[float | None, Noted("prime samples without min-p")] = None
     reasoning_effort: Annotated[str | None, Noted("prime sends no reasoning-effort hint")] = None
+    min_tokens: Annotated[int | None, Noted("prime's sampling client sets no minimum length")] = None
+    repetition_penalty: Annotated[float | None, Noted("prime samples without a repetition penalty")] = None
+    seed: Annotated[int | None, Noted("eval rollouts are drawn with eval.seed")] = None
     extra_body: Annotated[dict[str, Any] | None, Noted("prime's sampling client sends token ids and sampling "
                                                        "parameters only")] = None
 
@@ -305,6 +308,8 @@ class OrchestratorConfig(Section):
     """prime-rl's token-based batching: refused, prime batches by samples (``batch_size``)."""
     train: TrainRest | None = None
     """prime-rl 0.6's ``[orchestrator.train]``: its ``env`` and ``sampling`` become ``env`` and ``sampling``."""
+
+    prime_rl_keys: ClassVar[tuple[str, ...]] = ("train.env", "train.sampling")
 
     # prime-rl's orchestrator keys for parts prime does its own way.
     strict_async_level: Annotated[bool, Noted(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AliasChoices, Field, model_validator
 
@@ -107,6 +107,8 @@ class SFTConfig(Section):
 
     bench: Toggle[BenchConfig] = None
     """``--bench``: time a few steps on fake data and print step time, tokens/s, MFU and memory."""
+
+    prime_rl_keys: ClassVar[tuple[str, ...]] = ("data.seq_len", "model.seq_len")
 
     # prime-rl's SFT keys for parts prime does its own way.
     loss_impl: Annotated[str | None, Noted("prime's SFT loss is the masked token cross-entropy of the model")] = None

@@ -68,6 +68,8 @@ class OptimConfig(Section):
     mu: float = Field(default=0.95, ge=0, lt=1)
     """``muon``'s momentum factor."""
 
+    prime_rl_keys: ClassVar[tuple[str, ...]] = ("betas1", "betas2")
+
     @model_validator(mode="before")
     @classmethod
     def _split_betas(cls, data: Any) -> Any:
@@ -112,6 +114,8 @@ class LossConfig(Section):
     """Keyword arguments for the loss (e.g. masking thresholds). prime-rl's keys of the default
     loss (``dppo_mask_low``/``high``, 0.5's ``ipo_mask_low``/``high``, ``adv_tau``, ``kl_tau``) set
     the same keywords of prime's default loss."""
+    prime_rl_keys: ClassVar[tuple[str, ...]] = (*LOSS_KEYS, "ipo_threshold")
+
     import_path: str | None = None
     """``type = "custom"``: the loss function as ``module.function`` (prime-rl's custom loss); it is
     called as the default loss is: ``(logprobs, inference_logprobs, advantages, **kwargs)`` and
@@ -120,6 +124,9 @@ class LossConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _prime_rl_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "ipo_threshold" in data:
+            raise ValueError("ipo_threshold: prime-rl's IPO loss (type = \"ipo\") is not in prime; its default loss "
+                             "masks by probability difference (dppo_mask_low / dppo_mask_high), or add a loss plugin")
         if not isinstance(data, dict) or not LOSS_KEYS.keys() & data.keys():
             return data
         data = dict(data)
@@ -187,6 +194,8 @@ class TrainerConfig(Section):
     monitors: Monitors = Field(default_factory=lambda: ["jsonl"])
     """Metric sinks (``prime plugins list``); ``jsonl`` is always written."""
     log: LogConfig = Field(default_factory=LogConfig)
+
+    prime_rl_keys: ClassVar[tuple[str, ...]] = ("model.seq_len", "data.fake.seq_len")
 
     # prime-rl's trainer keys for parts prime does its own way.
     max_async_level: Annotated[int | None, Noted(

@@ -8,7 +8,7 @@ so vLLM's own data-parallel keys have nothing to act on.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import model_validator
 
@@ -54,6 +54,8 @@ class VLLMServerKeys(Section):
 
 
 class VLLMKeys(Section):
+    prime_rl_keys: ClassVar[tuple[str, ...]] = ("enable_lora", "max_lora_rank", "max_loras", "vllm_extra")
+
     api_server_count: int | None = None
     """vLLM API server processes of one replica (``--api-server-count``)."""
     enable_prefix_caching: bool | None = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import model_validator
 
@@ -10,6 +10,8 @@ from prime_core.config.base import Section
 
 
 class FP8Keys(Section):
+    prime_rl_keys: ClassVar[tuple[str, ...]] = ("fp8",)
+
     quantization: Literal["fp8"] | None = None
     """``fp8``: the transformer blocks' linear layers compute in block-scaled FP8 (after LoRA,
     before every strategy that wraps or shards); the backend is ``trainer.model.kernels.fp8_linear``

@@ -14,8 +14,8 @@ PRIME_PLUGIN_API = 1
 
 
 def report(
-    output_dirs: list[Path] = typer.Argument(..., metavar="OUTPUT_DIR...",
-                                             help="A run's output_dir (its metrics.jsonl); more than one are overlaid."),
+    output_dirs: list[Path] = typer.Argument(
+        ..., metavar="OUTPUT_DIR...", help="A run's output_dir (its metrics.jsonl); more than one are overlaid."),
     out: Path | None = typer.Option(None, "--out", "-o", help="The PNG to write (default: FIRST_DIR/report.png)."),
     label: list[str] = typer.Option([], "--label", help="A name per run for the legend (default: the folder's name)."),
     no_plot: bool = typer.Option(False, "--no-plot", help="Print the summary only."),

@@ -23,9 +23,9 @@ def fake_run(folder: Path, steps: int, seed: int) -> Path:
             "reward": 0.5 + step / (2 * steps) + rng.uniform(-0.05, 0.05), "off_policy_mean": rng.uniform(0, 1),
             "off_policy_max": 1, "sample_tokens_per_s": rng.uniform(900, 1100),
             "env_rewards": {"arithmetic": rng.random()}})})
-        append_jsonl(path, {"step": step, "role": "trainer", "loss": rng.uniform(-0.1, 0.1), "entropy": 2 - step / steps,
-                            "mismatch_kl": rng.uniform(0, 1e-3), "grad_norm": rng.uniform(0.1, 1),
-                            "tokens_per_s": rng.uniform(4000, 5000)})
+        append_jsonl(path, {"step": step, "role": "trainer", "loss": rng.uniform(-0.1, 0.1),
+                            "entropy": 2 - step / steps, "mismatch_kl": rng.uniform(0, 1e-3),
+                            "grad_norm": rng.uniform(0.1, 1), "tokens_per_s": rng.uniform(4000, 5000)})
         if step % 5 == 0:
             append_jsonl(path, {"step": step, "role": "eval", **flatten(
                 {"arithmetic": {"avg@4": step / steps, "pass@1": step / steps, "pass@2": 0.9, "pass@4": 1.0}})})
