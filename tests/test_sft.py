@@ -110,6 +110,7 @@ def _saved_dataset(folder: Path) -> tuple[int, int]:
     return len(chats), len(pairs)
 
 
+@pytest.mark.slow
 def test_sft_reads_a_datasets_dataset_in_prime_rl_layout(tiny, tmp_path):
     """prime-rl's `[data] name / splits / seq_len / micro_batch_size` unchanged: both splits of a
     dataset written with `save_to_disk`, one in the messages format, one in prompt-completion."""
