@@ -207,6 +207,7 @@ interval = 5
 
 
 def test_sft_data_name_splits_subsets(prime_cli, dense_model, tmp_path):
+    (tmp_path / "my-dataset").mkdir()  # a local dataset folder (its rows are read when the run starts)
     config = write(tmp_path / "sft.toml", f"""max_steps = 3
 
 [model]

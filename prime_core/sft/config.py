@@ -9,7 +9,7 @@ from pydantic import AliasChoices, Field, model_validator
 
 from prime_core.bench import BenchConfig
 from prime_core.config.base import ExistingFile, NoSecrets, Noted, Section, Toggle
-from prime_core.config.shared import CkptConfig, LogConfig, Monitors
+from prime_core.config.shared import CkptConfig, LogConfig, Monitors, looks_like_local_path
 from prime_core.launch.config import SFTDeployment, SFTSingleNodeDeployment, infer_deployment_type
 from prime_core.trainer.config import OptimConfig, SchedulerConfig, TrainerModelConfig
 
@@ -70,6 +70,9 @@ class SFTDataConfig(Section):
             raise ValueError('path is required when type = "jsonl" (or name with type = "sft", or type = "fake")')
         if self.type == "sft" and self.name is None:
             raise ValueError('name is required when type = "sft": a datasets dataset id or a local path')
+        if self.type == "sft" and looks_like_local_path(self.name) and not Path(self.name).expanduser().exists():
+            raise ValueError(f"name: {self.name} does not exist (a local dataset: a save_to_disk folder, a folder of "
+                             "data files, or a .jsonl/.parquet file)")
         return self
 
 
