@@ -585,3 +585,19 @@ def test_every_key_family_has_a_home(root):
     keys = PRIME_RL_KEYS[root].split()
     assert [key for key in keys if not has_home(schema, key)] == []
     assert not has_home(schema, "orchestrator.no_such_key" if root == "rl" else "data.no_such_key")
+
+
+def test_default_loss_masks_each_side_with_its_own_threshold():
+    """prime-rl's dppo_mask_low / dppo_mask_high: a token is masked when its probability rose more
+    than mask_high (positive advantage) or fell more than mask_low (negative advantage)."""
+    import torch
+
+    from prime_core.algorithms import default_loss
+
+    inference = torch.log(torch.tensor([0.5, 0.5, 0.5, 0.5]))
+    policy = torch.log(torch.tensor([0.8, 0.65, 0.2, 0.35]))  # +0.3, +0.15, -0.3, -0.15
+    advantages = torch.tensor([1.0, 1.0, -1.0, -1.0])
+    _, parts = default_loss(policy, inference, advantages, mask_low=0.1, mask_high=0.2)
+    assert parts["is_masked"].tolist() == [1.0, 0.0, 1.0, 1.0]
+    _, parts = default_loss(policy, inference, advantages)  # 0.2 both ways
+    assert parts["is_masked"].tolist() == [1.0, 0.0, 1.0, 0.0]
