@@ -601,3 +601,45 @@ def test_default_loss_masks_each_side_with_its_own_threshold():
     assert parts["is_masked"].tolist() == [1.0, 0.0, 1.0, 1.0]
     _, parts = default_loss(policy, inference, advantages)  # 0.2 both ways
     assert parts["is_masked"].tolist() == [1.0, 0.0, 1.0, 0.0]
+
+
+SHARDED_MUON = """
+import sys, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+from prime_core.trainer.muon import Muon
+rank, store = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+mesh = init_device_mesh("cpu", (2,))
+torch.manual_seed(0)
+full, grads = torch.randn(8, 6), [torch.randn(8, 6) for _ in range(3)]
+whole = torch.nn.Parameter(full.clone())
+sharded = torch.nn.Parameter(distribute_tensor(full.clone(), mesh, [Shard(0)]))
+one = Muon([("proj.weight", whole)], lr=0.02, weight_decay=0.1, momentum=0.9)
+two = Muon([("proj.weight", sharded)], lr=0.02, weight_decay=0.1, momentum=0.9)
+for grad in grads:
+    whole.grad = grad.clone()
+    one.step()
+    sharded.grad = distribute_tensor(grad.clone(), mesh, [Shard(0)])
+    two.step()
+torch.testing.assert_close(sharded.full_tensor(), whole.detach())
+print(f"rank {rank} ok", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_muon_on_a_matrix_sharded_over_two_processes_matches_one(tmp_path):
+    """A DTensor matrix (FSDP's layout) is gathered for the Newton-Schulz iteration and its update
+    applied to each rank's shard: the same weights as one process with the whole matrix (gloo)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "muon.py"
+    script.write_text(SHARDED_MUON)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ranks = [subprocess.Popen([sys.executable, str(script), str(rank), str(tmp_path / "store")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    outputs = [rank.communicate(timeout=240)[0] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    assert all(f"rank {i} ok" in out for i, out in enumerate(outputs)), outputs
