@@ -16,12 +16,13 @@ def grpo_advantages(rewards: list[float]) -> list[float]:
 
 
 def default_loss(logprobs, inference_logprobs, advantages, *, mask_threshold: float = 0.2, kl_tau: float = 1e-3,
-                 adv_tau: float = 1.0):
+                 adv_tau: float = 1.0, mask_low: float | None = None, mask_high: float | None = None):
     """Importance-weighted policy gradient with probability-difference masking.
 
     ``ratio = exp(logp - logp_inference)``; a token whose probability moved more than
     ``mask_threshold`` past the inference policy in the direction its advantage pushes is
-    masked (``Δp > t`` when ``A > 0``, ``Δp < -t`` when ``A < 0``). The loss per token is
+    masked (``Δp > t`` when ``A > 0``, ``Δp < -t`` when ``A < 0``; prime-rl's ``mask_high`` and
+    ``mask_low`` set the two sides apart). The loss per token is
     ``-keep · adv_tau · A · ratio + kl_tau · log_ratio²``.
     """
     import torch
@@ -30,7 +31,9 @@ def default_loss(logprobs, inference_logprobs, advantages, *, mask_threshold: fl
     ratio = torch.exp(log_ratio)
     with torch.no_grad():
         delta_p = torch.exp(logprobs) - torch.exp(inference_logprobs)
-        masked = ((advantages > 0) & (delta_p > mask_threshold)) | ((advantages < 0) & (delta_p < -mask_threshold))
+        high = mask_threshold if mask_high is None else mask_high
+        low = mask_threshold if mask_low is None else mask_low
+        masked = ((advantages > 0) & (delta_p > high)) | ((advantages < 0) & (delta_p < -low))
         keep = (~masked).to(logprobs.dtype)
         mismatch_kl = ratio - log_ratio - 1
     loss = -keep * adv_tau * advantages * ratio + kl_tau * log_ratio**2

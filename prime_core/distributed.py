@@ -46,8 +46,9 @@ def from_env() -> tuple[int, int, int]:
             int(os.environ.get("WORLD_SIZE", 1)))
 
 
-def init() -> World:
-    """Join the process group torchrun prepared (if any) and pick this rank's device."""
+def init(timeout_seconds: float | None = None) -> World:
+    """Join the process group torchrun prepared (if any) and pick this rank's device; a
+    collective waits at most ``timeout_seconds`` (torch's default when unset)."""
     import torch
     import torch.distributed as dist
 
@@ -63,7 +64,10 @@ def init() -> World:
             # gloo listens on the address of this host's name otherwise (a LAN address):
             # processes of one machine meet on loopback, as the rendezvous does.
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+        from datetime import timedelta
+
+        timeout = timedelta(seconds=timeout_seconds) if timeout_seconds else None
+        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None, timeout=timeout)
     return World(rank=rank, local_rank=local_rank, size=size, device=device)
 
 

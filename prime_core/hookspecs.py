@@ -329,10 +329,13 @@ def prime_trainer_defaults(model_config: Any, context: Any) -> Iterable[Any] | N
 
 
 @hookspec
-def prime_validate_config(config: Any, root: str) -> Iterable[str] | None:
+def prime_validate_config(config: Any, root: str, here: bool) -> Iterable[str] | None:
     """Check a validated config for problems the schema cannot express.
 
     Called after schema validation, for every root (``rl``, ``sft``, ``trainer``, ...).
+    ``here``: the roles run on this machine (``False`` when the launcher is ``remote``, e.g. a
+    cluster scheduler's): only then do checks of this machine's hardware apply. An
+    implementation may leave out parameters it does not use.
     Return messages of the form ``"key.path: what is wrong and how to fix it"``; the core
     reports all of them at once (from every plugin) and exits with code 2.
 

@@ -399,6 +399,9 @@ class Launcher(Spec):
 
     plan: Ref = ref()
     launch: Ref = ref()
+    remote: bool = False
+    """Its roles run on other machines (a cluster scheduler's): checks of this machine (its model
+    cache, its hardware) do not apply (``prime_validate_config`` gets ``here = False``)."""
 
 
 @dataclass(frozen=True, kw_only=True)

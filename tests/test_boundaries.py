@@ -27,6 +27,8 @@ ALLOWED = {
     ("launch/plan.py", "torchrun"), ("sft/role.py", "torchrun"),
     # PEFT's own adapter format constant (peft_type = "LORA"), which published adapters carry.
     ("testing/contracts/weight_transport.py", "lora"),
+    # prime-rl's `trainer.loss.type = "custom"` (a loss function by import path), not the model plugin.
+    ("trainer/config.py", "custom"),
 }
 
 

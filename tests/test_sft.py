@@ -64,3 +64,86 @@ def test_bad_data_names_the_line(tiny, tmp_path):
     assert f"data.path: {data}, line 2" in result.stderr and "Traceback" not in result.stderr
     missing = prime("sft", "--model.name", str(tiny), "--data.path", str(tmp_path / "none.jsonl"))
     assert missing.returncode == 2 and "data.path" in missing.stderr and "file not found" in missing.stderr
+
+
+def test_a_chat_is_trained_on_its_assistant_turns(tiny):
+    """prime-rl's SFT data: every assistant turn (content through end of turn) is trained, the
+    other roles' turns and the assistant headers are not; prompt + completion is the same chat."""
+    from transformers import AutoTokenizer
+
+    from prime_core.sft.config import LossMaskConfig
+    from prime_core.sft.hf import masked_sample, row_messages
+    from prime_core.sft.role import chat_sample
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2"},
+            {"role": "assistant", "content": "4"}, {"role": "user", "content": "3+3"},
+            {"role": "assistant", "content": "6"}]
+    sample = masked_sample(tokenizer, chat, LossMaskConfig())
+    ids = sample.prompt_ids + sample.completion_ids
+    mask = [0] * len(sample.prompt_ids) + sample.completion_mask
+    trained = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    assert trained == "4<|im_end|>6<|im_end|>", trained
+    assert tokenizer.apply_chat_template(chat, tokenize=False).startswith(tokenizer.decode(ids))
+    everything = masked_sample(tokenizer, chat, LossMaskConfig(system=True, user=True))
+    assert sum(everything.completion_mask) > sum(sample.completion_mask)
+    assert "be brief" in tokenizer.decode(everything.completion_ids)
+
+    pair = row_messages({"prompt": "2+2", "completion": [{"content": "4"}]})
+    single = masked_sample(tokenizer, pair, LossMaskConfig())
+    reference = chat_sample(tokenizer, pair)  # the JSONL path's sample of the same chat
+    assert (single.prompt_ids, single.completion_ids) == (reference.prompt_ids, reference.completion_ids)
+    with pytest.raises(ValueError, match="'messages' column, or both 'prompt' and 'completion'"):
+        row_messages({"text": "hi"})
+
+
+def _saved_dataset(folder: Path) -> tuple[int, int]:
+    import datasets
+
+    chats = [{"messages": [{"role": "user", "content": f"{a}+{b}"}, {"role": "assistant", "content": str(a + b)}]}
+             for a in range(4) for b in range(4)]
+    pairs = [{"prompt": [{"role": "user", "content": f"{a}*{b}"}], "completion": [{"role": "assistant",
+                                                                                   "content": str(a * b)}]}
+             for a in range(3) for b in range(3)]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(chats),
+                          "extra": datasets.Dataset.from_list(pairs)}).save_to_disk(str(folder))
+    return len(chats), len(pairs)
+
+
+@pytest.mark.slow
+def test_sft_reads_a_datasets_dataset_in_prime_rl_layout(tiny, tmp_path):
+    """prime-rl's `[data] name / splits / seq_len / micro_batch_size` unchanged: both splits of a
+    dataset written with `save_to_disk`, one in the messages format, one in prompt-completion."""
+    chats, pairs = _saved_dataset(tmp_path / "ds")
+    config = tmp_path / "sft.toml"
+    config.write_text(f'max_steps = 2\n\n[model]\nname = "{tiny}"\ndtype = "float32"\n\n'
+                      f'[data]\nname = "{tmp_path}/ds"\nsplits = ["train", "extra"]\n'
+                      'seq_len = 256\nbatch_size = 8\nmicro_batch_size = 2\n')
+    result = prime("sft", str(config), "--output-dir", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    # interleaved in turn until both are used up (prime-rl's stopping_strategy = "all_exhausted")
+    assert f"sft: {2 * max(chats, pairs)} samples, 2 steps of 8" in result.stdout, result.stdout
+    assert "data.micro_batch_size = 2: prime packs samples" in result.stderr
+    steps = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2]
+
+
+def test_a_dataset_that_is_not_here_is_named_with_the_fix(tmp_path, monkeypatch):
+    """Offline, a hub id that is not in the local cache stops at once, naming it and the fix (the
+    role raises this ConfigError before its first step: exit code 2, no traceback)."""
+    import datasets
+
+    from prime_core.errors import ConfigError
+    from prime_core.sft.config import SFTDataConfig
+    from prime_core.sft.hf import load_rows
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    data = SFTDataConfig.model_validate({"name": "PrimeIntellect/Not-Cached-SFT", "subsets": ["x"]})
+    assert data.type == "sft"
+    with pytest.raises(ConfigError) as err:
+        load_rows(data)
+    message = str(err.value)
+    assert "data.name: sft: cannot load dataset 'PrimeIntellect/Not-Cached-SFT' (subset 'x', split 'train')" in message
+    assert "offline (HF_HUB_OFFLINE=1), from the local cache" in message and "save_to_disk" in message
+    assert err.value.exit_code == 2

@@ -44,3 +44,10 @@ after = expected_exact_match(final, sums, tokenizer_path=out / "sft" / "model")
 print(f"expected reward on all 100 sums: after SFT {before:.3f} -> after RL {after:.3f}")
 print(f"wall time: model + SFT {sys.argv[2]} s, RL {sys.argv[3]} s")
 PY
+
+# The run's curves (reward, loss, entropy, mismatch KL, throughput, ...) as a PNG, with a summary.
+if "$prime" report --help >/dev/null 2>&1; then
+  "$prime" report "$out/rl"
+else
+  echo "plots: pip install prime-plugin-report, then: prime report $out/rl"
+fi

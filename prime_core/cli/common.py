@@ -35,6 +35,9 @@ def load_config(root: str, tokens: list[str], manager: PluginManager | None = No
     ``PRIME_*`` variables come from ``environ`` (this process's environment by default)."""
     from prime_core.config.cli_args import parse_args
     from prime_core.config.load import load
+    from prime_core.config.prime_rl import notes
 
     config, _ = load(root, parse_args(tokens), manager=manager or get_plugin_manager(), environ=environ)
+    for line in notes(config):
+        print_warning(line)
     return config

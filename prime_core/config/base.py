@@ -7,7 +7,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict, model_validator
 
@@ -31,6 +31,10 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True,
                               populate_by_name=True)
 
+    prime_rl_keys: ClassVar[tuple[str, ...]] = ()
+    """prime-rl's keys (dotted, relative to this section) that a ``mode="before"`` validator of
+    this section reads into prime's own keys: their home (``prime_core.config.prime_rl.has_home``)."""
+
     @model_validator(mode="before")
     @classmethod
     def _no_flag_for_a_number(cls, data: Any) -> Any:
@@ -43,6 +47,22 @@ class Section(BaseModel):
             if name in numeric and isinstance(info.validation_alias, AliasChoices):
                 numeric.update(c for c in info.validation_alias.choices if isinstance(c, str))
         return {k: (str(v).lower() if isinstance(v, bool) and k in numeric else v) for k, v in data.items()}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dashes_are_underscores(cls, data: Any) -> Any:
+        # prime-rl's loader reads `micro-batch-size` as `micro_batch_size` (as prime's command line does).
+        if not isinstance(data, dict) or not any(isinstance(k, str) and "-" in k for k in data):
+            return data
+        names = set(cls.model_fields)
+        for info in cls.model_fields.values():
+            if isinstance(info.validation_alias, AliasChoices):
+                names.update(c for c in info.validation_alias.choices if isinstance(c, str))
+        out = {}
+        for key, value in data.items():
+            under = key.replace("-", "_") if isinstance(key, str) else key
+            out[under if key not in names and under in names and under not in data else key] = value
+        return out
 
 
 def _toggle(value: Any) -> Any:
@@ -91,6 +111,18 @@ class Requires:
     name: str = ""
     when: Callable[[Any], bool] | None = None
     slot: str | None = None
+
+
+@dataclass(frozen=True)
+class Noted:
+    """Marks a key prime-rl has and prime accepts without doing what it does in prime-rl, because
+    prime does that part differently: set to anything but its default, it prints one line (the
+    key, its value and ``note``: what prime does instead) when the config is loaded. Nothing is
+    silently ignored (``prime_core.config.prime_rl.notes``)."""
+
+    note: str
+    when: Callable[[Any], bool] | None = None
+    """Say it only for values where this is true (by default: any value but the default)."""
 
 
 SECRET_WORDS = ("api_key", "apikey", "token", "secret", "password")

@@ -128,10 +128,24 @@ def resolve_launcher(config: BaseModel, manager: PluginManager) -> str:
     return chosen
 
 
-def check(config: BaseModel, root: str, manager: PluginManager | None = None, *, here: bool = True) -> list[str]:
+def runs_here(config: BaseModel, manager: PluginManager) -> bool:
+    """Whether the config's roles run on this machine (its launcher is not ``remote``)."""
+    if not hasattr(config, "launcher"):
+        return True
+    try:
+        return not manager.select("launchers", resolve_launcher(config, manager)).remote
+    except PluginError:
+        return True  # reported by check() itself
+
+
+def check(config: BaseModel, root: str, manager: PluginManager | None = None, *, here: bool | None = None
+          ) -> list[str]:
     """Every problem that would stop this config from running here (empty when it can run);
-    ``here = False``: its roles run elsewhere (a cluster), whose model cache is not checked."""
+    ``here = False``: its roles run elsewhere (a cluster), whose model cache is not checked;
+    ``None``: as its launcher says (``runs_here``)."""
     manager = manager or get_plugin_manager()
+    on_this_machine = runs_here(config, manager)
+    here = on_this_machine if here is None else here
     problems: list[str] = []
     for key, value, marker in _walk(config):
         problems.extend(_check_one(manager, key, value, marker))
@@ -152,7 +166,7 @@ def check(config: BaseModel, root: str, manager: PluginManager | None = None, *,
     problems.extend(_data_problems(config, root))
     problems.extend(_degree_problems(config, root, manager))
     problems.extend(env_args_problems(config, root, manager))
-    problems.extend(_plugin_validators(config, root, manager))
+    problems.extend(_plugin_validators(config, root, manager, on_this_machine))
     return problems
 
 
@@ -212,10 +226,10 @@ def _degree_problems(config: BaseModel, root: str, manager: PluginManager) -> li
     return degree_problems(config, root, manager, where="the default deployment: one process")
 
 
-def _plugin_validators(config: BaseModel, root: str, manager: PluginManager) -> list[str]:
+def _plugin_validators(config: BaseModel, root: str, manager: PluginManager, here: bool = True) -> list[str]:
     out: list[str] = []
     for impl in manager.pm.hook.prime_validate_config.get_hookimpls():
-        kwargs = {"config": config, "root": root}
+        kwargs = {"config": config, "root": root, "here": here}
         try:
             result = impl.function(*[kwargs[a] for a in impl.argnames])
             out.extend(str(m) for m in (result or []))

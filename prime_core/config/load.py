@@ -189,6 +189,13 @@ def validate(schema: type[BaseModel], data: dict[str, Any], provenance: Provenan
              *, source: str | None = None, root: str | None = None, manager=None) -> BaseModel:
     """The validated config; every problem at once as a ``ConfigError``. With ``root`` and
     ``manager``, an unknown key that a known plugin provides names that plugin and the fix."""
+    if root is not None:
+        from prime_core.config.prime_rl import newer_layout_problem
+
+        backends = tuple(manager.registry("inference_backends")) if manager is not None else ()
+        newer = newer_layout_problem(data, root, backends)
+        if newer:
+            raise ConfigError([newer], source=source)
     try:
         return schema.model_validate(data)
     except ValidationError as exc:

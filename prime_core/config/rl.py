@@ -12,10 +12,10 @@ import copy
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import AliasChoices, Field, model_validator
 
 from prime_core.bench import BenchConfig
-from prime_core.config.base import NoSecrets, Section, Toggle
+from prime_core.config.base import NoSecrets, Noted, Section, Toggle
 from prime_core.config.shared import ROLES, CkptConfig, LogConfig, ModelRef, Monitors, WeightBroadcastConfig
 from prime_core.inference.config import InferenceConfig
 from prime_core.launch.config import Deployment, SingleNodeDeployment, infer_deployment_type
@@ -81,14 +81,17 @@ class RLConfig(Section):
     orchestrator are not started."""
     resume: bool = False
     """Continue from the newest complete checkpoint under ``output_dir/checkpoints``."""
-    clean: bool = False
-    """Delete the previous run's outputs in ``output_dir`` before starting."""
+    clean: bool = Field(default=False, validation_alias=AliasChoices("clean", "clean_output_dir"))
+    """Delete the previous run's outputs in ``output_dir`` before starting (prime-rl's
+    ``clean_output_dir``)."""
+    experimental: Annotated[dict[str, Any] | None, Noted("prime has no experimental keys")] = None
     env_vars: Annotated[dict[str, str], NoSecrets] = Field(default_factory=dict)
     """Extra environment variables for every role process."""
     required_plugins: list[str] = Field(default_factory=list)
     """Plugin names that must be installed and active, e.g. ``["deepep"]``."""
 
     shared_keys: ClassVar[dict[str, tuple[str, ...]]] = SHARED_KEYS
+    prime_rl_keys: ClassVar[tuple[str, ...]] = ("max_async_level", "max_model_len", "tokenizer")
     """Top-level keys copied into the roles (plugins' sections with ``roles`` add theirs)."""
 
     @model_validator(mode="before")
@@ -98,6 +101,7 @@ class RLConfig(Section):
             return data
         data = copy.deepcopy(data)
         _move_legacy_keys(data)
+        _move_prime_rl_keys(data)
         for key, roles in cls.shared_keys.items():
             if data.get(key) is None:
                 continue
@@ -183,6 +187,25 @@ def _replicas_from_deployment(data: dict) -> None:
     if nodes > 0 and replicas % nodes == 0:
         inference["parallel"].setdefault("dp", replicas // nodes)
     data["inference"] = inference
+
+
+def _move_prime_rl_keys(data: dict) -> None:
+    """prime-rl's top-level keys that prime keeps in one role: ``max_async_level`` (the
+    orchestrator's ``async_level``), ``max_model_len`` (the server's), ``tokenizer`` (beside the
+    model)."""
+    moves = (("max_async_level", "orchestrator", ("async_level",)),
+             ("max_model_len", "inference", ("model", "max_model_len")))
+    for key, role, path in moves:
+        if key in data and isinstance(data.get(role, {}), dict):
+            node = data.setdefault(role, {})
+            for part in path[:-1]:
+                node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else {}
+            node.setdefault(path[-1], data.pop(key))
+    if isinstance(data.get("tokenizer"), dict) and isinstance(data.get("model", {}), dict):
+        data.setdefault("model", {}).setdefault("tokenizer", data.pop("tokenizer"))
+    ckpt = data.get("ckpt")
+    if isinstance(ckpt, dict) and ckpt.get("resume_step") is not None:
+        data.setdefault("resume", True)
 
 
 def _point_client_at_server(data: dict) -> None:

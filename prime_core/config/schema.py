@@ -45,6 +45,8 @@ def sections_for(root: str, sections: list[tuple[ConfigSection, str]]) -> list[t
             out.append((name.removeprefix("trainer.") if root == "sft" else name, section, provider))
         elif root in ROLES and "rl" in section.roots and name.startswith(f"{root}."):
             out.append((name[len(root) + 1:], section, provider))
+        elif root in ROLES and "rl" in section.roots and name == root and section.merge:
+            out.append(("", section, provider))  # keys of the role's own table
         elif root in section.roles:
             out.append((name, section, provider))
         if root == "rl" and "rl" in section.roots:

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from prime_core.config.base import Section, Selects
+from prime_core.config.base import Noted, Section, Selects
 
 ROLES = ("trainer", "orchestrator", "inference")
 """The role processes of an RL run (``prime run``), each with a config of its own."""
@@ -33,6 +33,14 @@ class ModelRef(Section):
     """Tokenizer to use when it differs from the model's own."""
     trust_remote_code: bool = False
     """Allow custom modelling code shipped with the checkpoint."""
+    chat_template: str | None = None
+    """A Jinja2 chat template (the text, or a file holding it) used instead of the tokenizer's own,
+    by every role that renders chats (and vLLM's ``--chat-template``)."""
+    vlm: dict[str, Any] | None = None
+    """prime-rl's vision-language settings: refused, prime trains and serves text-only models."""
+
+    prime_rl_keys: ClassVar[tuple[str, ...]] = ("tokenizer.name", "tokenizer.trust_remote_code",
+                                                "tokenizer.chat_template")
 
     needs_tokenizer: ClassVar[bool] = True
     """Whether the role reading this section tokenizes (the RL trainer does not)."""
@@ -48,6 +56,33 @@ class ModelRef(Section):
             raise ValueError(f"model folder not found: {name}")
         return name
 
+    @field_validator("vlm")
+    @classmethod
+    def _text_only(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError("prime trains and serves text-only models (no vision encoder, no image inputs): remove "
+                             "[model.vlm] and use a text model, or train this one with prime-rl")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tokenizer_table(cls, data: Any) -> Any:
+        # prime-rl 0.6 spells the tokenizer as a table ([tokenizer] name = ...) beside the model.
+        if isinstance(data, dict) and isinstance(data.get("tokenizer"), dict):
+            data = dict(data)
+            table = dict(data["tokenizer"])
+            data["tokenizer"] = table.pop("name", None)
+            if table.get("trust_remote_code") is not None:
+                data.setdefault("trust_remote_code", table.pop("trust_remote_code"))
+            table.pop("trust_remote_code", None)
+            if table.get("chat_template") is not None:
+                data["chat_template"] = table.pop("chat_template")
+            table.pop("chat_template", None)
+            if table:
+                raise ValueError(f"tokenizer: unknown key(s) {', '.join(sorted(table))} (name, trust_remote_code, "
+                                 "chat_template)")
+        return data
+
     @model_validator(mode="after")
     def _local_folder_loads(self) -> ModelRef:
         folder = Path(self.name).expanduser()
@@ -61,10 +96,30 @@ class ModelRef(Section):
         return self
 
 
+def chat_template_text(template: str | None) -> str | None:
+    """``chat_template`` as template text: a file's content when it names a file."""
+    if template is None or "{" in template:
+        return template
+    path = Path(template).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"chat_template: {template} is neither a Jinja2 template nor a file")
+    return path.read_text()
+
+
+def use_chat_template(tokenizer, model: ModelRef):
+    """The tokenizer with the config's ``chat_template`` in place of its own (when one is set)."""
+    if model.chat_template is not None:
+        tokenizer.chat_template = chat_template_text(model.chat_template)
+    return tokenizer
+
+
 class TokenizerRef(ModelRef):
     """The model whose tokenizer a role uses (the orchestrator: it never loads the weights)."""
 
     needs_weights: ClassVar[bool] = False
+
+    lora: Annotated[dict[str, Any] | None, Noted(
+        "prime names the adapter it trains and serves itself (trainer.model.lora turns LoRA on)")] = None
 
 
 class CkptConfig(Section):
@@ -73,7 +128,45 @@ class CkptConfig(Section):
     interval: int | None = Field(default=None, ge=1)
     """Save every N steps; off when unset."""
     keep_last: int | None = Field(default=None, ge=1)
-    """Keep only the newest N checkpoints."""
+    """Keep only the newest N checkpoints (and those ``keep_interval`` keeps)."""
+    keep_interval: int | None = Field(default=None, ge=1)
+    """Keep the checkpoints of every N-th step for good (step 100, 200, ... for 100), whatever
+    ``keep_last`` says."""
+    resume_step: int | None = Field(default=None, ge=-1)
+    """Resume from the checkpoint of this step (``-1``: the newest usable one), as ``--resume``
+    does from the newest; unset: start afresh (or as ``resume`` says)."""
+    skip_optimizer: bool = False
+    """On resume, load the model's weights but start the optimizer afresh."""
+
+    # prime-rl's other checkpoint keys: prime's checkpoint is one thing (model + optimizer, with
+    # the step in progress.json) under output_dir/checkpoints.
+    output_dir: Annotated[Path | None, Noted(
+        "prime keeps checkpoints and published weights under output_dir (checkpoints/, weights/); set output_dir "
+        "to place them")] = None
+    skip_scheduler: Annotated[bool, Noted(
+        "prime's learning-rate schedule is a function of the step, restored with it")] = False
+    skip_progress: Annotated[bool, Noted(
+        "prime always resumes at the checkpoint's step (its progress.json); to start counting afresh from these "
+        "weights, point model.name at a published weights/step_N folder instead")] = False
+    skip_dataloader: Annotated[bool, Noted(
+        "prime's data order is a function of seed and step, restored with the step")] = False
+    skip_buffer: Annotated[bool, Noted("prime's orchestrator keeps no sample buffer in its checkpoint")] = False
+    skip_gather_master_weights: Annotated[bool, Noted(
+        "prime's checkpoint holds sharded state only; full Hugging Face weights are what weights/step_N holds")
+    ] = False
+    weights_only: Annotated[bool, Noted(
+        "prime's checkpoints always hold the optimizer state (resumable); weights/step_N holds the weights alone")
+    ] = False
+    weights: Annotated[dict[str, Any] | None, Noted(
+        "prime publishes each step's weights as safetensors under output_dir/weights/step_N (LoRA: the adapter, "
+        "with its base named); its checkpoints are resumable torch.distributed.checkpoint state")] = None
+    wait_for_weights_timeout: Annotated[int | None, Noted(
+        "the orchestrator waits for weights as orchestrator.weights_timeout says")] = None
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _weights_table(cls, value: Any) -> Any:
+        return {} if value is True else value
 
 
 Monitors = Annotated[list[str], Selects("monitors", each=True)]
@@ -88,9 +181,31 @@ class WeightBroadcastConfig(Section):
     type: Annotated[str, Selects("weight_transports")] = "filesystem"
     """A weight transport provided by a plugin (``filesystem``, ``nccl``)."""
 
+    # prime-rl's transport settings: prime's transports take their addresses from the launch.
+    host: Annotated[str | None, Noted("prime's transports meet at the address the launcher gives them")] = None
+    port: Annotated[int | None, Noted("prime's transports meet at the address the launcher gives them")] = None
+    timeout: Annotated[int | None, Noted("prime waits for weights as orchestrator.weights_timeout says")] = None
+    inference_world_size: Annotated[int | None, Noted(
+        "prime counts the inference ranks from the [inference] and [deployment] tables")] = None
+    quantize_in_weight_transfer: Annotated[bool, Noted("prime sends weights in their training dtype")] = False
+    save_format: Annotated[str | None, Noted("prime publishes weights as safetensors")] = None
+    save_sharded: Annotated[bool | None, Noted("prime publishes weights as safetensors the server loads")] = None
+
 
 class LogConfig(Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
+
+    # prime-rl's other logging keys. prime writes one text log per role under output_dir/logs
+    # and every metric to metrics.jsonl.
+    json_logging: Annotated[bool, Noted(
+        "prime's role logs are text lines under output_dir/logs; metrics.jsonl holds every metric as JSON")] = False
+    interval: Annotated[float | None, Noted("prime's roles log once per step")] = None
+    log_data: Annotated[bool, Noted("prime does not log a data sample at start-up")] = False
+    vf_level: Annotated[str | None, Noted("the environments' logs follow log.level in prime")] = None
+    file: Annotated[Any, Noted("prime always writes each role's log to output_dir/logs")] = None
+    env_worker_logs: Annotated[Any, Noted("prime runs environments inside the orchestrator; its log has theirs")
+                               ] = None
+    ranks_filter: Annotated[Any, Noted("prime writes one log per trainer rank under output_dir/logs")] = None
 
 
 def model_section(config, root: str):

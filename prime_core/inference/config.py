@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from prime_core.config.base import ExistingFile, NoSecrets, Section, Selects, Toggle
+from prime_core.config.base import ExistingFile, NoSecrets, Noted, Section, Selects, Toggle
 from prime_core.config.shared import LogConfig, ModelRef
 from prime_core.launch.config import InferenceDeployment, InferenceSingleNodeDeployment, infer_deployment_type
 
@@ -94,6 +94,8 @@ class InferenceConfig(Section):
     """``prime inference`` alone: the launcher plugin (``local``, ``slurm``); unused inside ``prime run``."""
     dry_run: bool = False
     """``prime inference`` alone: write the resolved config and the plan, start nothing."""
+    weight_broadcast: Annotated[dict[str, Any] | None, Noted(
+        "the inference servers load what the trainer's weight_broadcast publishes")] = None
 
     @model_validator(mode="after")
     def _ports_fit(self) -> InferenceConfig:

@@ -3,18 +3,25 @@ left out it is inferred (any ``*_nodes`` key means ``multi_node``)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from prime_core.config.base import Section
+from prime_core.config.base import Noted, Section
 
-_MULTI_NODE_KEYS = {"num_train_nodes", "num_infer_nodes", "num_nodes", "gpus_per_node", "nodes_per_fsdp_group"}
+_MULTI_NODE_KEYS = {"num_train_nodes", "num_infer_nodes", "num_nodes", "nodes_per_fsdp_group"}
+_SINGLE_NODE_KEYS = {"num_train_gpus", "num_infer_gpus", "num_gpus", "inference_gpu_ids", "trainer_gpu_ids"}
 
 
 def _infer_type(value: Any) -> Any:
+    if isinstance(value, dict) and value.get("type") == "disaggregated":
+        raise ValueError("type = 'disaggregated' (prime-rl's prefill/decode disaggregation): prime serves each "
+                         "replica whole, without P/D disaggregation; use type = 'single_node' or 'multi_node' "
+                         "(num_prefill_*/num_decode_* nodes become inference nodes)")
     if isinstance(value, dict) and "type" not in value:
-        kind = "multi_node" if _MULTI_NODE_KEYS & value.keys() else "single_node"
+        # gpus_per_node belongs to both (prime-rl's single-node tables have it too): alone it means nodes.
+        multi = _MULTI_NODE_KEYS & value.keys() or ("gpus_per_node" in value and not _SINGLE_NODE_KEYS & value.keys())
+        kind = "multi_node" if multi else "single_node"
         value = {"type": kind, **value}
     return value
 
@@ -53,6 +60,8 @@ class SingleNodeDeployment(Section):
     """Exact GPUs for the trainer (``--trainer-gpu-ids``); their count sets ``num_train_gpus``."""
     num_infer_replicas: int | None = Field(default=None, ge=1)
     """Inference replicas (prime-rl's key): sets ``inference.parallel.dp``."""
+    gpus_per_node: int = Field(default=8, ge=1)
+    """GPUs of the machine: the roles' GPUs must fit in it."""
 
     @model_validator(mode="after")
     def _ids_set_counts(self) -> SingleNodeDeployment:
@@ -67,6 +76,11 @@ class SingleNodeDeployment(Section):
                 raise ValueError(f"{count_key} = {getattr(self, count_key)} but {ids_key} names {len(ids)} GPUs: "
                                  f"leave {count_key} out, or make them agree")
             object.__setattr__(self, count_key, len(ids))
+        if self.inference_gpu_ids is None and self.trainer_gpu_ids is None:
+            total = self.num_train_gpus + self.num_infer_gpus
+            if "gpus_per_node" in self.model_fields_set and total > self.gpus_per_node:
+                raise ValueError(f"num_train_gpus + num_infer_gpus = {total} GPUs do not fit in gpus_per_node = "
+                                 f"{self.gpus_per_node}")
         return self
 
 
@@ -82,22 +96,44 @@ class MultiNodeDeployment(Section):
     num_infer_replicas: int | None = Field(default=None, ge=1)
     """Inference replicas over all inference nodes (prime-rl's key): each node runs
     ``num_infer_replicas / num_infer_nodes`` of them, which sets ``inference.parallel.dp``."""
+    orchestrator_on_inference: Annotated[bool, Noted(
+        "prime's cluster launcher places the orchestrator as its plan says (prime run --dry-run shows it)")] = False
 
 
 class SFTSingleNodeDeployment(Section):
     type: Literal["single_node"] = "single_node"
     num_gpus: int = Field(default=1, ge=1)
+    gpus_per_node: int = Field(default=8, ge=1)
+    """GPUs of the machine: ``num_gpus`` must fit in it."""
+
+    @model_validator(mode="after")
+    def _fits(self) -> SFTSingleNodeDeployment:
+        if "gpus_per_node" in self.model_fields_set and self.num_gpus > self.gpus_per_node:
+            raise ValueError(f"num_gpus = {self.num_gpus} does not fit in gpus_per_node = {self.gpus_per_node}")
+        return self
 
 
 class SFTMultiNodeDeployment(Section):
     type: Literal["multi_node"] = "multi_node"
     num_nodes: int = Field(default=1, ge=1)
     gpus_per_node: int = Field(default=8, ge=1)
+    nodes_per_fsdp_group: int | None = Field(default=None, ge=1)
+    """Nodes per FSDP island; sets ``model.dp_replicate``."""
+
+
+DISAGGREGATED_KEYS = ("num_prefill_nodes", "num_decode_nodes", "num_prefill_replicas", "num_decode_replicas",
+                      "prefill_port", "decode_port", "prefill_env_overrides", "decode_env_overrides",
+                      "prefill_vllm_overrides", "decode_vllm_overrides")
+"""prime-rl's keys of ``type = "disaggregated"``, which ``infer_deployment_type`` refuses."""
 
 
 class InferenceSingleNodeDeployment(Section):
+    prime_rl_keys: ClassVar[tuple[str, ...]] = DISAGGREGATED_KEYS
+
     type: Literal["single_node"] = "single_node"
     num_gpus: int = Field(default=1, ge=0)
+    gpus_per_node: int = Field(default=8, ge=1)
+    """GPUs of the machine."""
 
 
 class InferenceMultiNodeDeployment(Section):

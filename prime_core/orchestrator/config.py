@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
-from prime_core.config.base import Section, Selects
+from prime_core.config.base import Noted, Section, Selects
 from prime_core.config.shared import CkptConfig, LogConfig, Monitors, TokenizerRef, WeightBroadcastConfig
 from prime_core.inference.config import ApiKeyRef
 
@@ -47,6 +47,18 @@ class ClientConfig(ApiKeyRef):
     """Seconds between health checks of every engine while the run goes on (one found down is
     checked again, and takes the current weights before it serves again)."""
 
+    # prime-rl's client keys for parts prime does its own way.
+    admin_base_url: Annotated[Any, Noted("prime sends weight updates to the servers of base_url")] = None
+    router_url: Annotated[Any, Noted("prime's router is a plugin chosen by client.router, in front of base_url")
+                          ] = None
+    connect_timeout: Annotated[float | None, Noted("prime's requests wait as client.timeout says")] = None
+    dp_rank_count: Annotated[int | None, Noted("prime counts replicas by their base_url entries")] = None
+    elastic: Annotated[dict[str, Any] | None, Noted(
+        "prime's inference servers are the fixed list of base_url (no elastic pool discovery)")] = None
+    headers: Annotated[dict[str, str] | None, Noted("prime's client sends only the API key header")] = None
+    extra_headers_from_state: Annotated[Any, Noted("prime's client sends only the API key header")] = None
+    skip_model_check: Annotated[bool, Noted("prime's client checks the servers' health at start")] = False
+
     @model_validator(mode="before")
     @classmethod
     def _one_url(cls, data: Any) -> Any:
@@ -65,6 +77,13 @@ class SamplingConfig(Section):
     """Most tokens per completion; unset = up to ``seq_len``."""
     seed: int | None = None
 
+    extra_body: Annotated[dict[str, Any] | None, Noted(
+        "prime's sampling client sends token ids with temperature, top_p, max_tokens and seed only")] = None
+    min_tokens: Annotated[int | None, Noted("prime's sampling client sets no minimum length")] = None
+    repetition_penalty: Annotated[float | None, Noted("prime samples without a repetition penalty")] = None
+    temp_scheduler: Annotated[dict[str, Any] | None, Noted(
+        "prime samples at one temperature (sampling.temperature) for the whole run")] = None
+
 
 class EnvConfig(Section):
     """One environment (tasks + rubric) to train on."""
@@ -75,6 +94,44 @@ class EnvConfig(Section):
     """Label used in metrics; defaults to ``id``."""
     args: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for the environment's loader."""
+    ratio: float | None = Field(default=None, gt=0)
+    """Share of the groups drawn from this environment (set on every environment or none; none:
+    the environments take turns)."""
+
+    # prime-rl's per-environment keys for its environment servers.
+    address: Annotated[str | None, Noted("prime runs environments inside the orchestrator (no env servers)")
+                       ] = None
+    num_workers: Annotated[Any, Noted("prime runs environments inside the orchestrator (no env servers)")] = None
+    max_retries: Annotated[int | None, Noted(
+        "a failing rollout fails its group in prime (counted, the group dropped); orchestrator.rollout."
+        "max_failed_groups bounds failures in a row")] = None
+    extra_env_kwargs: Annotated[dict[str, Any] | None, Noted("prime passes args alone to the environment")] = None
+    state_columns: Annotated[list[str] | None, Noted("prime's rollouts keep token ids, logprobs and rewards")] = None
+    timeout: Annotated[float | None, Noted("prime bounds tool calls (rollout.tool_timeout) and requests (client."
+                                           "timeout), not whole rollouts")] = None
+    max_total_completion_tokens: Annotated[int, Noted(
+        "prime bounds a rollout's tokens with orchestrator.rollout.max_tokens", when=lambda v: v != -1)] = -1
+    sampling: Annotated[dict[str, Any] | None, Noted(
+        "prime samples every environment with orchestrator.sampling (no per-environment overrides)")] = None
+    advantage: Annotated[dict[str, Any] | None, Noted(
+        "prime computes every environment's advantages with orchestrator.advantage")] = None
+    group_size: Annotated[int | None, Noted(
+        "prime samples orchestrator.rollouts_per_example rollouts per example for every training environment")
+    ] = None
+
+
+class EvalEnvConfig(EnvConfig):
+    """One environment to evaluate, with prime-rl's per-environment overrides."""
+
+    num_examples: Annotated[int | None, Noted(
+        "-1 (all examples): prime evaluates a fixed sample of eval.num_examples examples; set a number",
+        when=lambda v: v == -1)] = Field(default=None, ge=-1)
+    """Examples of this environment; unset: ``eval.num_examples``."""
+    rollouts_per_example: int | None = Field(default=None, ge=1,
+                                             validation_alias=AliasChoices("rollouts_per_example", "group_size"))
+    """Rollouts per example (k); unset: ``eval.rollouts_per_example``."""
+    interval: Annotated[int | None, Noted("prime evaluates every environment every eval.interval steps")] = None
+    skip_first: Annotated[Any, Noted("prime evaluates every environment at the same steps")] = None
 
 
 class RolloutConfig(Section):
@@ -94,26 +151,126 @@ class RolloutConfig(Section):
     environment fails every rollout; a flaky one only some, which are dropped and counted)."""
 
 
+class EvalSamplingConfig(Section):
+    """prime-rl's ``[orchestrator.eval.sampling]``."""
+
+    temperature: float | None = Field(default=None, ge=0)
+    """The eval temperature (``eval.temperature``)."""
+    max_completion_tokens: Annotated[int | None, Noted(
+        "eval turns are bounded as training's are (sampling.max_tokens, rollout.max_tokens)")] = Field(
+        default=None, validation_alias=AliasChoices("max_completion_tokens", "max_tokens"))
+    top_p: Annotated[float | None, Noted("eval samples with sampling.top_p")] = None
+    top_k: Annotated[int | None, Noted("prime samples without top-k")] = None
+    min_p: Annotated[float | None, Noted("prime samples without min-p")] = None
+    reasoning_effort: Annotated[str | None, Noted("prime sends no reasoning-effort hint")] = None
+    min_tokens: Annotated[int | None, Noted("prime's sampling client sets no minimum length")] = None
+    repetition_penalty: Annotated[float | None, Noted("prime samples without a repetition penalty")] = None
+    seed: Annotated[int | None, Noted("eval rollouts are drawn with eval.seed")] = None
+    extra_body: Annotated[dict[str, Any] | None, Noted("prime's sampling client sends token ids and sampling "
+                                                       "parameters only")] = None
+
+
 class EvalConfig(Section):
     """Evaluation on a fixed set of examples, at step 0 and every ``interval`` steps."""
 
     interval: int = Field(default=100, ge=1)
     """Evaluate the policy of every step that is a multiple of this (and the first)."""
-    env: list[EnvConfig] = Field(default_factory=list)
+    env: list[EvalEnvConfig] = Field(default_factory=list)
     """The environments to evaluate; empty: those of ``orchestrator.env``."""
-    num_examples: int = Field(default=32, ge=1)
+    num_examples: Annotated[int, Noted(
+        "-1 (all examples): prime evaluates a fixed sample of 32 examples per environment; set a number",
+        when=lambda v: v == -1)] = Field(default=32, ge=-1)
     """Examples per environment: the first ``num_examples`` tasks drawn with ``seed``."""
-    rollouts_per_example: int = Field(default=4, ge=1, validation_alias=AliasChoices("rollouts_per_example", "k"))
+    rollouts_per_example: int = Field(default=4, ge=1,
+                                      validation_alias=AliasChoices("rollouts_per_example", "k", "group_size"))
     """Rollouts per example (k of pass@k and avg@k)."""
     seed: int = 1234
     temperature: float | None = Field(default=None, ge=0)
     """Sampling temperature of eval rollouts; unset: ``sampling.temperature``."""
     max_concurrent: int = Field(default=32, ge=1)
     """Eval rollouts in flight at once, so that training's requests keep getting served."""
+    skip_first_step: bool = False
+    """Do not evaluate the initial policy (step 0)."""
+    sampling: EvalSamplingConfig | None = None
+    """prime-rl's eval sampling table: its ``temperature`` sets ``temperature``."""
+
+    cancel_inflight_rollouts_on_eval: Annotated[bool, Noted(
+        "prime keeps training rollouts in flight while it evaluates")] = False
+    eval_base_model: Annotated[bool, Noted("prime evaluates the policy being trained (step 0 is the base model)")
+                               ] = True
+    skip_eval_on_resume: Annotated[bool, Noted("prime evaluates at the steps eval.interval names, resumed or not")
+                                   ] = False
+    max_retries: Annotated[int | None, Noted("a failing eval rollout scores 0 in prime, counted as env_errors")
+                           ] = None
+    num_workers: Annotated[Any, Noted("prime runs environments inside the orchestrator (no env servers)")] = None
+
+    @model_validator(mode="after")
+    def _sampling_temperature(self) -> EvalConfig:
+        if self.sampling is not None and self.sampling.temperature is not None and self.temperature is None:
+            self.temperature = self.sampling.temperature
+        return self
 
 
 class AdvantageConfig(Section):
     type: Annotated[str, Selects("algorithms", prefix="advantage:")] = "grpo"
+    """An advantage estimator from a plugin; prime-rl's ``default`` is ``grpo`` (reward minus the group's mean)."""
+
+    length_penalty: Annotated[dict[str, Any] | None, Noted(
+        "prime's grpo advantage is the reward minus the group's mean, without a length penalty")] = None
+    length_weighted_baseline: Annotated[bool, Noted(
+        "prime's grpo baseline is the group's plain mean reward")] = False
+    length_shaping_alpha: Annotated[float | None, Noted("prime's grpo advantage applies no length shaping")] = None
+    import_path: Annotated[str | None, Noted(
+        "custom advantages are plugins in prime (prime_algorithms, kind 'advantage'), selected by type")] = None
+    kwargs: Annotated[dict[str, Any] | None, Noted("custom advantages are plugins in prime")] = None
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _default_is_grpo(cls, value: Any) -> Any:
+        return "grpo" if value == "default" else value
+
+
+class BatchFilterConfig(Section):
+    """A rollout filter of prime-rl (``[[orchestrator.pre_batch_filters]]``, ``post_batch_filters``,
+    0.5's ``filters``): detected rollouts are counted (``filtered/<type>`` in the metrics) and,
+    with ``enforce``, left out of the batch."""
+
+    type: Literal["gibberish", "repetition", "zero_advantage"]
+    """``gibberish``: a sampled token id above ``token_id_threshold`` at a log-probability below
+    ``-ln(vocab) - logprob_offset``; ``repetition``: ``window`` tokens in a row sampled at a
+    probability above ``prob_threshold``; ``zero_advantage``: a rollout whose advantage is 0 (its
+    whole group scored alike)."""
+    enforce: bool = False
+    """Leave detected rollouts out of the batch; ``false``: only count them."""
+    token_id_threshold: int = 100_000
+    logprob_offset: float = 2.0
+    window: int = Field(default=3000, ge=1)
+    prob_threshold: float = Field(default=0.99, gt=0, le=1)
+
+
+class BufferConfig(Section):
+    """prime-rl's ``[orchestrator.buffer]``."""
+
+    online_difficulty_filtering: bool = False
+    """Leave out groups whose rollouts all scored the same (all 0 or all 1): they carry no
+    advantage. The same as a ``zero_advantage`` filter with ``enforce``."""
+    env_ratios: list[float] | None = None
+    """Share of the groups per environment, in ``orchestrator.env`` order (``env[].ratio``)."""
+    seed: Annotated[int | None, Noted("prime draws examples with orchestrator.seed")] = None
+    easy_threshold: Annotated[float | None, Noted("prime keeps no per-example difficulty buffer")] = None
+    hard_threshold: Annotated[float | None, Noted("prime keeps no per-example difficulty buffer")] = None
+    easy_fraction: Annotated[float, Noted("prime keeps no per-example difficulty buffer")] = 0.0
+    hard_fraction: Annotated[float, Noted("prime keeps no per-example difficulty buffer")] = 0.0
+    hash_keys: Annotated[list[str] | None, Noted("prime keeps no sample buffer to match on resume")] = None
+
+
+class TrainRest(Section):
+    """What remains of prime-rl 0.6's ``[orchestrator.train]`` once its ``env`` list and
+    ``sampling`` table are read as ``orchestrator.env`` and ``orchestrator.sampling``."""
+
+    max_retries: Annotated[int | None, Noted(
+        "a failing rollout fails its group in prime (counted, the group dropped)")] = None
+    num_workers: Annotated[Any, Noted("prime runs environments inside the orchestrator (no env servers)")] = None
 
 
 class OrchestratorConfig(Section):
@@ -135,9 +292,10 @@ class OrchestratorConfig(Section):
     """Completions sampled per prompt (a GRPO group); ``group_size`` is accepted too."""
     max_off_policy_steps: int = Field(default=8, ge=0)
     """Samples from a policy older than this many steps are dropped."""
-    async_level: int = Field(default=1, ge=0)
+    async_level: int = Field(default=1, ge=0, validation_alias=AliasChoices("async_level", "max_async_level"))
     """How many steps the orchestrator may run ahead of the trainer: the batch of step N is
-    only handed over once the policy of step N-1-async_level is loaded for inference."""
+    only handed over once the policy of step N-1-async_level is loaded for inference
+    (prime-rl's ``max_async_level``)."""
     resume: bool = False
     """Continue after the newest complete trainer checkpoint."""
     weights_timeout: float | None = Field(default=3600.0, gt=0)
@@ -152,6 +310,103 @@ class OrchestratorConfig(Section):
     monitors: Monitors = Field(default_factory=lambda: ["jsonl"])
     """Metric sinks (``prime plugins list``); ``jsonl`` is always written."""
     log: LogConfig = Field(default_factory=LogConfig)
+
+    max_inflight_rollouts: int | None = Field(default=None, ge=1,
+                                              validation_alias=AliasChoices("max_inflight_rollouts", "max_concurrent"))
+    """Rollouts sampled at once at most (whole groups; 0.5's ``max_concurrent`` too); unset:
+    ``batch_size × oversampling_factor``, or the groups of ``async_level + 1`` steps."""
+    oversampling_factor: float | None = Field(default=None, ge=1)
+    """``max_inflight_rollouts = batch_size × oversampling_factor`` when that is unset."""
+    pre_batch_filters: list[BatchFilterConfig] = Field(default_factory=list,
+                                                       validation_alias=AliasChoices("pre_batch_filters", "filters"))
+    """Rollout filters applied as each group completes (0.5's ``filters`` too)."""
+    post_batch_filters: list[BatchFilterConfig] = Field(default_factory=list)
+    """Rollout filters applied to a step's batch once it is assembled."""
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
+    token_batch_size: int | None = Field(default=None, ge=1)
+    """prime-rl's token-based batching: refused, prime batches by samples (``batch_size``)."""
+    train: TrainRest | None = None
+    """prime-rl 0.6's ``[orchestrator.train]``: its ``env`` and ``sampling`` become ``env`` and ``sampling``."""
+
+    prime_rl_keys: ClassVar[tuple[str, ...]] = ("train.env", "train.sampling")
+
+    # prime-rl's orchestrator keys for parts prime does its own way.
+    strict_async_level: Annotated[bool, Noted(
+        "prime's async_level is a bound: a batch may come from a newer policy")] = False
+    bench: Annotated[bool, Noted("`prime run --bench` benchmarks the trainer on fake data")] = False
+    val: Annotated[dict[str, Any] | None, Noted("prime evaluates with [orchestrator.eval]")] = None
+    verification: Annotated[dict[str, Any] | None, Noted(
+        "prime's environments always score their rollouts")] = None
+    renderer: Annotated[dict[str, Any] | None, Noted(
+        "prime renders chats with the tokenizer's chat template (model.chat_template to replace it), token-exact "
+        "turn to turn; tool calls are read by orchestrator.rollout.tool_parser")] = None
+    tokenizer: Annotated[dict[str, Any] | None, Noted(
+        "the orchestrator's tokenizer is model.tokenizer (model.chat_template for a template)")] = None
+    rollout_transport: Annotated[dict[str, Any] | None, Noted("batches reach the trainer as files under "
+                                                              "output_dir/rollouts")] = None
+    prime_monitor: Annotated[dict[str, Any] | None, Noted(
+        "Prime Intellect's hosted monitor is not part of prime; use a monitor plugin's table (`prime plugins list`)")
+    ] = None
+    heartbeat: Annotated[dict[str, Any] | None, Noted(
+        "prime sends no heartbeats; metrics.jsonl and the role logs show progress")] = None
+    collect_inference_metrics: Annotated[bool, Noted("prime's metrics show requests per replica")] = True
+    inference_metrics_roles: Annotated[Any, Noted("prime serves without prefill/decode disaggregation")] = None
+    env_install_prerelease: Annotated[bool, Noted("prime installs no environments at run time (pip install the "
+                                                  "plugin)")] = False
+    tasks_per_minute: Annotated[int | None, Noted("prime sends no rate-limited tasks")] = None
+    num_train_workers: Annotated[int, Noted("prime runs environments inside the orchestrator")] = 1
+    pool_size: Annotated[int | None, Noted("prime renders chats in the orchestrator's process")] = None
+    use_token_client: Annotated[bool | None, Noted("prime's sampling client is always token in, token out")] = None
+    optim: Annotated[dict[str, Any] | None, Noted(
+        "prime trains one run per trainer; the learning rate is trainer.optim.lr")] = None
+    experimental: Annotated[dict[str, Any] | None, Noted("prime has no experimental orchestrator keys")] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prime_rl_layout(cls, data: Any) -> Any:
+        """prime-rl 0.6's ``[orchestrator.train]`` (``env`` list, ``sampling``) into prime's places."""
+        if not isinstance(data, dict) or not isinstance(data.get("train"), dict):
+            return data
+        data = dict(data)
+        train = dict(data["train"])
+        for key in ("env", "sampling"):
+            if key in train:
+                if key in data:
+                    raise ValueError(f"orchestrator.train.{key} and orchestrator.{key} are the same setting "
+                                     f"(prime-rl 0.6's place and 0.5's): give one of them")
+                data[key] = train.pop(key)
+        data["train"] = train
+        return data
+
+    @field_validator("token_batch_size")
+    @classmethod
+    def _no_token_batches(cls, value: int | None) -> int | None:
+        if value is not None:
+            raise ValueError("prime batches by samples: set batch_size (rollouts per step) instead of token_batch_size")
+        return value
+
+    @model_validator(mode="after")
+    def _prime_rl_settings(self) -> OrchestratorConfig:
+        if self.ckpt.resume_step is not None:
+            self.resume = True
+        ratios = self.buffer.env_ratios
+        if ratios is not None:
+            if len(ratios) != len(self.env):
+                raise ValueError(f"buffer.env_ratios has {len(ratios)} entries for {len(self.env)} environments")
+            for env, ratio in zip(self.env, ratios, strict=True):
+                env.ratio = env.ratio if env.ratio is not None else ratio
+        given = [env.ratio is not None for env in self.env]
+        if any(given) and not all(given):
+            raise ValueError("env[].ratio: set it on every environment or on none")
+        return self
+
+    def inflight_limit(self) -> int | None:
+        """Rollouts in flight at most (``max_inflight_rollouts`` or ``batch_size × oversampling_factor``)."""
+        if self.max_inflight_rollouts is not None:
+            return self.max_inflight_rollouts
+        if self.oversampling_factor is not None:
+            return int(self.batch_size * self.oversampling_factor)
+        return None
 
     @model_validator(mode="after")
     def _groups_fit(self) -> OrchestratorConfig:

@@ -55,8 +55,10 @@ RunOne = Callable[[str, Any, Any, str], Awaitable[Any]]
 
 
 async def evaluate(envs: list[tuple[str, Any]], run_one: RunOne, *, num_examples: int, k: int, seed: int,
-                   max_concurrent: int, tag: str = "eval") -> dict[str, Any]:
-    """Every environment's fixed examples, ``k`` rollouts each. Returns the metrics, nested per
+                   max_concurrent: int, tag: str = "eval",
+                   per_env: dict[str, tuple[int | None, int | None]] | None = None) -> dict[str, Any]:
+    """Every environment's fixed examples, ``k`` rollouts each (``per_env``: an environment's own
+    ``(num_examples, k)``, ``None`` parts taking the defaults). Returns the metrics, nested per
     environment (``{name: {"avg@k": ..., "pass@1": ..., "env_errors": ...}}``), and ``time``."""
     start = time.perf_counter()
     gate = asyncio.Semaphore(max_concurrent)
@@ -66,8 +68,11 @@ async def evaluate(envs: list[tuple[str, Any]], run_one: RunOne, *, num_examples
             return await run_one(name, env, task, session)
 
     metrics: dict[str, Any] = {}
+    defaults = (num_examples, k)
     for name, env in envs:
-        tasks = env.tasks(random.Random(seed), num_examples)
+        own = (per_env or {}).get(name, (None, None))
+        count, k = (o if o is not None and o > 0 else d for o, d in zip(own, defaults, strict=True))
+        tasks = env.tasks(random.Random(seed), count)
         outcomes = await asyncio.gather(*(one(name, env, task, f"{tag}-{name}-{e}-{i}")
                                           for e, task in enumerate(tasks) for i in range(k)))
         errors = sum(o.error is not None for o in outcomes)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from prime_core.errors import ConfigError, PrimeError
 from prime_core.inference.client import SampleRequest
 from prime_core.metrics import METRICS_FILE, MetricsLogger, drop_steps_from
+from prime_core.orchestrator import filters
 from prime_core.orchestrator.batch import TrainingSample, pack, remove_batches_from, write_batch
 from prime_core.orchestrator.episode import Episode, Limits, Outcome, env_tools, run_episode
 from prime_core.orchestrator.pool import ReplicaPool
@@ -96,6 +97,9 @@ class Orchestrator:
         name = config.model.tokenizer or config.model.name
         with loading(name, "model.tokenizer" if config.model.tokenizer else "model.name"):
             self.tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=config.model.trust_remote_code)
+        from prime_core.config.shared import use_chat_template
+
+        use_chat_template(self.tokenizer, config.model)
         from prime_core.inference.backend import describe, select_backend
 
         backend = select_backend(config.client.backend, key="orchestrator.client.backend", manager=manager)
@@ -121,6 +125,12 @@ class Orchestrator:
         self.failed_in_a_row = 0
         self.evals: set[asyncio.Task] = set()
         self.evaluated: set[int] = set()
+        self.ratios = [env.ratio for env in config.env] if config.env and config.env[0].ratio is not None else None
+        self.pre_filters = list(config.pre_batch_filters)
+        if config.buffer.online_difficulty_filtering:  # prime-rl 0.5's spelling of the same thing
+            from prime_core.orchestrator.config import BatchFilterConfig
+
+            self.pre_filters.append(BatchFilterConfig(type="zero_advantage", enforce=True))
         self.fit = {"prompts_too_long": 0, "completions_capped": 0}
         """Rollouts that could not fit seq_len as asked (totals, in the metrics)."""
         for name, env in self.envs:  # before waiting for anything: a config that cannot train stops here
@@ -168,8 +178,11 @@ class Orchestrator:
                        top_p=sampling.top_p, seed=seed)
 
     async def sample_group(self, rng: random.Random) -> Group:
-        name, env = self.envs[self._next_env % len(self.envs)]
-        self._next_env += 1
+        if self.ratios is not None:
+            name, env = rng.choices(self.envs, weights=self.ratios)[0]
+        else:
+            name, env = self.envs[self._next_env % len(self.envs)]
+            self._next_env += 1
         self._groups += 1
         group = self._groups
         task, prompt_ids = self._task_that_fits(name, env, rng)
@@ -219,7 +232,7 @@ class Orchestrator:
         config = self.config.eval
         if config is None or metrics_log is None or self.version in self.evaluated:
             return
-        if self.version % config.interval:
+        if self.version % config.interval or (self.version == 0 and config.skip_first_step):
             return
         self.evaluated.add(self.version)
         task = asyncio.create_task(self._evaluate(self.version, metrics_log))
@@ -235,9 +248,10 @@ class Orchestrator:
         async def run_one(name, env, task, session):
             return await run_episode(env, task, self.episode(env, task, session, temperature=config.temperature))
 
-        return await evaluate(self.eval_envs, run_one, num_examples=config.num_examples,
-                              k=config.rollouts_per_example, seed=config.seed, max_concurrent=config.max_concurrent,
-                              tag=tag)
+        per_env = {env.name or env.id: (env.num_examples, env.rollouts_per_example) for env in config.env}
+        return await evaluate(self.eval_envs, run_one, num_examples=config.num_examples if config.num_examples > 0
+                              else 32, k=config.rollouts_per_example, seed=config.seed,
+                              max_concurrent=config.max_concurrent, tag=tag, per_env=per_env)
 
     async def _evaluate(self, version: int, metrics_log: MetricsLogger) -> None:
         print(f"evaluating policy v{version} ({len(self.eval_envs)} environment(s))", flush=True)
@@ -314,6 +328,8 @@ class Orchestrator:
                     inflight: int) -> None:
         config, window = self.config, self.window
         samples = [s for g in batch for s in g.samples]
+        if config.post_batch_filters:
+            samples = filters.masked(config.post_batch_filters, samples, len(self.tokenizer), window.filtered)
         outcomes = [o for g in batch for o in g.outcomes]
         lags = [(step - 1) - g.version for g in batch]
         rewards = [r for g in batch for r in g.rewards]
@@ -339,6 +355,8 @@ class Orchestrator:
             "tool_errors": sum(o.episode.tool_errors for o in outcomes),
             "truncated": sum(o.episode.stop_reason == "max_tokens" for o in outcomes) / len(outcomes),
             "env_errors": window.env_errors, "failed_groups": window.failed_groups,
+            **({"filtered": dict(window.filtered), "groups_filtered": window.groups_filtered}
+               if config.pre_batch_filters or config.post_batch_filters or self.pre_filters else {}),
             # CPU seconds of this process (its event loop, tokenizing, scoring threads) since the
             # last step: the orchestrator's own cost, time spent waiting on inference excluded.
             "orchestrator_cpu_s": cpu - window.cpu,
@@ -358,6 +376,9 @@ class Orchestrator:
             pending = len(inflight) + len(ready)
             target = step + pending // groups_per_step
             if pending >= max_inflight or (config.max_steps is not None and target > config.max_steps):
+                return
+            limit = config.inflight_limit()  # rollouts in flight (whole groups, at least one)
+            if limit is not None and inflight and (len(inflight) + 1) * config.rollouts_per_example > limit:
                 return
             if self.version < max(start - 1, target - 1 - config.async_level):
                 return  # wait for the trainer: the async bound
@@ -392,6 +413,12 @@ class Orchestrator:
         for group in (task.result() for task in done):
             if not group.failed:
                 self.failed_in_a_row = 0
+                if self.pre_filters:
+                    group.samples = filters.apply(self.pre_filters, group.samples, len(self.tokenizer),
+                                                  self.window.filtered)
+                    if not group.samples:  # nothing left to learn from: it does not count toward a batch
+                        self.window.groups_filtered += 1
+                        continue
                 ready.append(group)
                 continue
             self.window.failed_groups += 1
@@ -413,6 +440,9 @@ class _Window:
     dropped: int = 0
     env_errors: int = 0
     failed_groups: int = 0
+    groups_filtered: int = 0
+    filtered: dict[str, int] = field(default_factory=dict)
+    """Samples each filter detected (``pre_batch_filters``, ``post_batch_filters``), by type."""
 
 
 def _mean(values: list[float]) -> float:
@@ -422,7 +452,7 @@ def _mean(values: list[float]) -> float:
 def run(config) -> int:
     start = 1
     if config.resume:
-        start = ckpt.latest_step(config.output_dir) + 1
+        start = ckpt.latest_step(config.output_dir, step=config.ckpt.resume_step) + 1
         remove_after(config.output_dir, start - 1)
         remove_batches_from(config.output_dir, start)
         drop_steps_from(config.output_dir / METRICS_FILE, "orchestrator", start)

@@ -73,10 +73,17 @@ def run(config) -> int:
     world, policy = training.world, training.policy
     with loading(config.model.tokenizer or config.model.name, "model.name"):
         tokenizer = AutoTokenizer.from_pretrained(config.model.tokenizer or config.model.name)
+    from prime_core.config.shared import use_chat_template
+
+    use_chat_template(tokenizer, config.model)
     if config.data.type == "fake" or bench:
         dataset = fake_samples(config.data.batch_size * 4, config.seq_len, policy.hf_config.vocab_size,
                                config.data.length, rng)
         fit = {"samples_dropped": 0, "samples_cut": 0}
+    elif config.data.type == "sft":
+        from prime_core.sft.hf import load_samples
+
+        dataset, fit = fitting(load_samples(config.data, tokenizer), config.seq_len, config.data.name)
     else:
         dataset, fit = fitting(load_dataset(config.data.path, tokenizer), config.seq_len, config.data.path)
     if not bench and max_steps is None:
@@ -116,7 +123,7 @@ def run(config) -> int:
                         show=("loss", "grad_norm", "tokens_per_s"))
         if config.ckpt.interval and step % config.ckpt.interval == 0:
             ckpt.save(config.output_dir, step, policy.model, training.optimizer, {}, world=world,
-                      keep_last=config.ckpt.keep_last)
+                      keep_last=config.ckpt.keep_last, keep_interval=config.ckpt.keep_interval)
     if meter:
         meter.report()
     else:
@@ -149,11 +156,12 @@ def _resume(config, training) -> int:
     from prime_core.metrics import METRICS_FILE, drop_steps_from
 
     world = training.world
-    found = ckpt.latest_usable(config.output_dir, warn=None if world.main else lambda text: None)
+    found = ckpt.latest_usable(config.output_dir, warn=None if world.main else lambda text: None,
+                               step=config.ckpt.resume_step)
     done = 0
     if found:
         done, path = found
-        ckpt.load(path, training.policy.model, training.optimizer)
+        ckpt.load(path, training.policy.model, training.optimizer, skip_optimizer=config.ckpt.skip_optimizer)
         for _ in range(done):
             training.scheduler.step()
     if world.main:

@@ -247,7 +247,8 @@ def start_training(config, role: str, *, max_steps: int | None, seed: int, manag
     from prime_core import distributed
     from prime_core.trainer.optim import build_optimizer, build_scheduler
 
-    world = distributed.init()
+    world = distributed.init(getattr(config, "dist_timeout_seconds", None))
+    torch.set_float32_matmul_precision(getattr(config, "matmul_precision", "highest"))
     distributed.log_per_rank(world, Path(config.output_dir) / "logs" / role)
     torch.manual_seed(seed)
     policy = build_policy(config.model, manager, world, role=role)

@@ -68,10 +68,24 @@ def problem(path: Path) -> str | None:
     return None
 
 
-def latest_usable(output_dir: Path, *, warn=None) -> tuple[int, Path] | None:
+def latest_usable(output_dir: Path, *, warn=None, step: int | None = None) -> tuple[int, Path] | None:
     """The newest checkpoint that can be resumed from; each newer one that cannot is reported
-    through ``warn`` (``print`` by default) with the reason, and skipped."""
+    through ``warn`` (``print`` by default) with the reason, and skipped. With ``step`` (prime-rl's
+    ``ckpt.resume_step``; ``-1`` is the newest) that step's checkpoint, which must be usable."""
     warn = warn or (lambda text: print(text, flush=True))
+    if step is not None and step >= 0:
+        from prime_core.errors import PrimeError
+
+        found = dict(complete_checkpoints(output_dir))
+        if step not in found:
+            have = ", ".join(str(s) for s in sorted(found)) or "none"
+            raise PrimeError(f"ckpt.resume_step = {step}: no complete checkpoint of that step under "
+                             f"{checkpoints_dir(output_dir)} (complete ones: {have})",
+                             hint="pick one of them, or -1 for the newest")
+        reason = problem(found[step])
+        if reason:
+            raise PrimeError(f"ckpt.resume_step = {step}: the checkpoint cannot be resumed from: {reason}")
+        return step, found[step]
     for step, path in reversed(complete_checkpoints(output_dir)):
         reason = problem(path)
         if reason is None:
@@ -81,14 +95,15 @@ def latest_usable(output_dir: Path, *, warn=None) -> tuple[int, Path] | None:
     return None
 
 
-def latest_step(output_dir: Path, *, warn=None) -> int:
-    """Steps completed by the newest usable checkpoint (0 when there is none)."""
-    found = latest_usable(output_dir, warn=warn)
+def latest_step(output_dir: Path, *, warn=None, step: int | None = None) -> int:
+    """Steps completed by the newest usable checkpoint (0 when there is none), or by that of
+    ``step`` (``latest_usable``)."""
+    found = latest_usable(output_dir, warn=warn, step=step)
     return found[0] if found else 0
 
 
 def save(output_dir: Path, step: int, model, optimizer, progress: dict, *, world=None,
-         keep_last: int | None = None) -> Path:
+         keep_last: int | None = None, keep_interval: int | None = None) -> Path:
     """Collective: every rank writes its shards."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -122,15 +137,16 @@ def save(output_dir: Path, step: int, model, optimizer, progress: dict, *, world
         replace_dir(tmp, path)
         touch_marker(path / MARKER)
         if keep_last:
-            for _, old in complete_checkpoints(output_dir)[:-keep_last]:
-                shutil.rmtree(old, ignore_errors=True)
+            for old_step, old in complete_checkpoints(output_dir)[:-keep_last]:
+                if not (keep_interval and old_step % keep_interval == 0):
+                    shutil.rmtree(old, ignore_errors=True)
     distributed.barrier(world)
     return path
 
 
-def load(path: Path, model, optimizer) -> dict:
-    """Restore model and optimizer (resharded to this run's layout); returns the progress.
-    Collective like ``save``."""
+def load(path: Path, model, optimizer, *, skip_optimizer: bool = False) -> dict:
+    """Restore model and optimizer (resharded to this run's layout; the model alone with
+    ``skip_optimizer``); returns the progress. Collective like ``save``."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -142,14 +158,20 @@ def load(path: Path, model, optimizer) -> dict:
     if offload:
         offload.to_device()  # loading moves it out again (a load_state_dict hook)
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optim": optim_state}
+    state = {"model": model_state} if skip_optimizer else {"model": model_state, "optim": optim_state}
     try:
         dcp.load(state, checkpoint_id=path / "state")
     except Exception as exc:  # damage that passed `problem` (same sizes, other bytes), or another model
         raise PrimeError(f"checkpoint {path} cannot be loaded ({type(exc).__name__}: {str(exc)[:300]})",
                          hint=f"if it is damaged, move {path} aside and resume again: the previous checkpoint "
                               "is used") from None
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if skip_optimizer:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(model, state["model"])
+        optimizer.state.clear()  # reading the layout above filled it with a zero step
+    else:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return json.loads((path / "progress.json").read_text())
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import asdict
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from prime_core.config.base import Section
+from prime_core.config.base import Noted, Section
 
 
 class FakeDataConfig(Section):
@@ -19,6 +19,13 @@ class FakeDataConfig(Section):
     length: Literal["fixed", "variable"] = "fixed"
     """``fixed``: every sample is ``seq_len`` tokens; ``variable``: 8 to ``seq_len``, packed."""
     seed: int = 0
+
+    # prime-rl's fake-data keys for its own loader.
+    input_ids: Annotated[Literal["increasing", "random"], Noted("prime's fake tokens are random ids")] = "random"
+    micro_batch_size: Annotated[int | None, Noted(
+        "prime packs samples into seq_len-long micro-batches itself")] = None
+    pack_function: Annotated[Literal["cat", "stack"], Noted("prime packs by concatenation (cat)")] = "cat"
+    generate_samples: Annotated[bool | None, Noted("prime generates fake samples as length says")] = None
 
 
 def fake_samples(count: int, seq_len: int, vocab_size: int, length: str, rng: random.Random) -> list:

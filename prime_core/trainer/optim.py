@@ -10,9 +10,18 @@ def build_optimizer(model, optim_config, *, cpu_offload: bool = False):
     CPU memory between steps (``trainer.model.optim_cpu_offload``)."""
     import torch
 
+    from prime_core.trainer.muon import Muon, SignSGD
+
     params = [p for p in model.parameters() if p.requires_grad]
     if optim_config.type == "sgd":
-        optimizer = torch.optim.SGD(params, lr=optim_config.lr, weight_decay=optim_config.weight_decay)
+        optimizer = torch.optim.SGD(params, lr=optim_config.lr, weight_decay=optim_config.weight_decay,
+                                    momentum=optim_config.momentum,
+                                    nesterov=optim_config.nesterov and optim_config.momentum > 0)
+    elif optim_config.type == "muon":
+        optimizer = Muon(model.named_parameters(), lr=optim_config.lr, weight_decay=optim_config.weight_decay,
+                         momentum=optim_config.mu, nesterov=optim_config.nesterov, betas=tuple(optim_config.betas))
+    elif optim_config.type == "sign_sgd":
+        optimizer = SignSGD(params, lr=optim_config.lr, weight_decay=optim_config.weight_decay)
     else:
         optimizer = torch.optim.AdamW(params, lr=optim_config.lr, weight_decay=optim_config.weight_decay,
                                       betas=tuple(optim_config.betas),
@@ -86,23 +95,33 @@ class StateOffload:
             state[key] = moved
 
 
+def lr_factor(scheduler_config, lr: float, max_steps: int | None, step: int) -> float:
+    """The learning rate of ``step`` (0-based) as a fraction of ``lr``, as prime-rl schedules it:
+    warmup rises linearly from ``min_lr`` to ``lr``; ``linear`` then holds ``lr`` and falls
+    linearly to ``min_lr`` over the last ``decay_steps`` steps; ``cosine`` falls from ``lr`` to
+    ``min_lr`` along a half cosine by ``max_steps``."""
+    warmup = scheduler_config.warmup
+    low = scheduler_config.min_lr / lr if scheduler_config.min_lr > 0 else 1e-8
+    if step < warmup:
+        return low + (1.0 - low) * step / warmup
+    if scheduler_config.type == "constant" or not max_steps:
+        return 1.0
+    if scheduler_config.type == "linear":
+        decay = scheduler_config.decay_steps
+        start = max_steps - decay
+        if decay <= 0 or step < start:
+            return 1.0
+        return 1.0 + (low - 1.0) * min(1.0, (step - start) / max(1, decay - 1))
+    low = scheduler_config.min_lr / lr
+    progress = min(1.0, (step - warmup) / max(1, max_steps - warmup))
+    return low + (1.0 - low) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def build_scheduler(optimizer, scheduler_config, max_steps: int | None):
     import torch
 
-    warmup = scheduler_config.warmup_steps
-    total = max_steps or 0
-
-    def factor(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if scheduler_config.type == "constant" or total <= warmup:
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        if scheduler_config.type == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    lr = optimizer.param_groups[0]["lr"] if optimizer.param_groups else 1.0
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(scheduler_config, lr, max_steps, step))
 
 
 def clip_and_step(model, optimizer, scheduler, max_norm: float | None) -> float:

@@ -34,8 +34,7 @@ def run(config) -> int:
     max_steps = bench.total_steps if bench else config.max_steps
     training = start_training(config, "trainer", max_steps=max_steps, seed=config.seed, manager=manager)
     world, policy = training.world, training.policy
-    loss_fn = manager.select("algorithms", f"loss:{config.loss.type}", key="trainer.loss.type",
-                             shown=config.loss.type).fn
+    loss_fn = config.loss.function(manager)
     rng = random.Random(fake.seed if fake else 0)
     if bench:
         return run_bench(config, training, loss_fn, fake, rng)
@@ -87,7 +86,7 @@ def run(config) -> int:
             metrics.log(step, record, show=SHOW)
         if config.ckpt.interval and step % config.ckpt.interval == 0:
             path = ckpt.save(config.output_dir, step, policy.model, training.optimizer, {}, world=world,
-                             keep_last=config.ckpt.keep_last)
+                             keep_last=config.ckpt.keep_last, keep_interval=config.ckpt.keep_interval)
             if world.main:
                 manager.hook.prime_on_checkpoint(step=step, path=str(path))
     if metrics:
@@ -100,14 +99,14 @@ def resume(config, training) -> int:
     """Load the newest usable checkpoint (a damaged newer one is skipped, with a warning) and
     return its step, 0 without one; weights published and metrics logged after it are dropped."""
     world, policy = training.world, training.policy
-    found = ckpt.latest_usable(config.output_dir, warn=_say if world.main else _quiet)
+    found = ckpt.latest_usable(config.output_dir, warn=_say if world.main else _quiet, step=config.ckpt.resume_step)
     done = 0
     if found:
         done, path = found
         changes = ckpt.plugin_changes(path)
         if changes and world.main:
             print(f"warning: resuming from {path} with other plugins than wrote it: {'; '.join(changes)}", flush=True)
-        ckpt.load(path, policy.model, training.optimizer)
+        ckpt.load(path, policy.model, training.optimizer, skip_optimizer=config.ckpt.skip_optimizer)
         for _ in range(done):
             training.scheduler.step()
     if world.main:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import random
 
+from prime_core.hf_data import load_rows
 from prime_core.orchestrator.env import Task
 from prime_plugin_math_env.args import MathEnvArgs
 from prime_plugin_math_env.check import MathChecker, final_answer, reference_answer
-from prime_plugin_math_env.data import load_rows
 
 
 class MathEnv:

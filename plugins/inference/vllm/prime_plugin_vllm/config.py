@@ -1,10 +1,125 @@
-"""The vllm plugin's keys of the ``inference`` config (prime-rl's names)."""
+"""The vllm plugin's keys of the ``inference`` config, by prime-rl's names (0.5 and 0.6).
+
+Each key is one vLLM server option (``--enable-prefix-caching`` for ``enable_prefix_caching``),
+passed on when it is set. Keys that tune parts prime does its own way are accepted and named in
+one warning line (``Noted``): prime runs ``inference.parallel.dp`` replicas as separate servers,
+so vLLM's own data-parallel keys have nothing to act on.
+"""
 
 from __future__ import annotations
 
-from prime_core.config.base import Section
+from typing import Annotated, Any, ClassVar
+
+from pydantic import model_validator
+
+from prime_core.config.base import Noted, Section
+
+# (key, vLLM option): passed when set (not None, not False).
+PASSED = (("api_server_count", "api_server_count"), ("enable_prefix_caching", "enable_prefix_caching"),
+          ("enable_expert_parallel", "enable_expert_parallel"), ("enable_eplb", "enable_eplb"),
+          ("enable_dbo", "enable_dbo"), ("enable_return_routed_experts", "enable_return_routed_experts"),
+          ("all2all_backend", "all2all_backend"), ("seed", "seed"), ("lora_target_modules", "lora_target_modules"),
+          ("max_cpu_loras", "max_cpu_loras"))
 
 
 class VLLMModelKeys(Section):
     enforce_eager: bool = False
     """Run the model eagerly (no CUDA graphs or compilation): a faster start, slower steps."""
+    tool_call_parser: Annotated[str | None, Noted(
+        "'auto': prime's orchestrator reads tool calls itself (orchestrator.rollout.tool_parser); vLLM's parser "
+        "is started only when named", when=lambda v: v == "auto")] = None
+    """vLLM's ``--tool-call-parser`` (with ``--enable-auto-tool-choice``) for clients of the server's
+    chat API; prime's own rollouts read tool calls with ``orchestrator.rollout.tool_parser``."""
+    reasoning_parser: Annotated[str | None, Noted(
+        "'auto': vLLM's reasoning parser is started only when named", when=lambda v: v == "auto")] = None
+    """vLLM's ``--reasoning-parser``."""
+    rope_scaling: dict[str, Any] | None = None
+    """RoPE scaling of the served model (vLLM's ``hf_overrides = {rope_scaling = ...}``), e.g.
+    ``{rope_type = "yarn", factor = 4.0, original_max_position_embeddings = 32768}``."""
+
+    def vllm_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        if self.tool_call_parser not in (None, "auto"):
+            options.update(tool_call_parser=self.tool_call_parser, enable_auto_tool_choice=True)
+        if self.reasoning_parser not in (None, "auto"):
+            options["reasoning_parser"] = self.reasoning_parser
+        if self.rope_scaling is not None:
+            options["hf_overrides"] = {"rope_scaling": self.rope_scaling}
+        return options
+
+
+class VLLMServerKeys(Section):
+    liveness_timeout_seconds: Annotated[float | None, Noted(
+        "prime's health check is /health (inference.startup_timeout bounds the start)")] = None
+
+
+class VLLMKeys(Section):
+    prime_rl_keys: ClassVar[tuple[str, ...]] = ("enable_lora", "max_lora_rank", "max_loras", "vllm_extra")
+
+    api_server_count: int | None = None
+    """vLLM API server processes of one replica (``--api-server-count``)."""
+    enable_prefix_caching: bool | None = None
+    """``--enable-prefix-caching`` (``false``: ``--no-enable-prefix-caching``); unset: vLLM's default."""
+    enable_expert_parallel: bool = False
+    """Expert parallelism for MoE models (``--enable-expert-parallel``)."""
+    enable_eplb: bool = False
+    """vLLM's expert-parallel load balancer (``--enable-eplb``)."""
+    enable_dbo: bool = False
+    """Dual batch overlap (``--enable-dbo``)."""
+    enable_return_routed_experts: bool = False
+    """``--enable-return-routed-experts``."""
+    all2all_backend: str | None = None
+    """All-to-all backend of expert parallelism (``--all2all-backend``)."""
+    seed: int | None = None
+    """vLLM's ``--seed``."""
+    lora_target_modules: list[str] | None = None
+    """Modules LoRA adapters may target (``--lora-target-modules``)."""
+    max_cpu_loras: int | None = None
+    """Adapters kept in CPU memory (``--max-cpu-loras``); unset: ``lora.max_loras + 2``."""
+    use_deep_gemm: bool = False
+    """DeepGEMM FP8 kernels (``VLLM_USE_DEEP_GEMM=1`` in the server's environment)."""
+
+    data_parallel_size_local: Annotated[int | None, Noted(
+        "prime runs inference.parallel.dp replicas as separate servers (one per replica)")] = None
+    data_parallel_rpc_port: Annotated[int | None, Noted(
+        "prime runs inference.parallel.dp replicas as separate servers (one per replica)")] = None
+    enable_fp32_lm_head: Annotated[bool | None, Noted(
+        "vLLM computes the LM head in the model's dtype in prime (no fp32 LM-head patch)")] = None
+    kv_cache_offload: Annotated[dict[str, Any] | None, Noted(
+        "prime starts vLLM without KV-cache offloading; vLLM's own options can go in inference.args")] = None
+    use_pd_kv_transfer: Annotated[bool, Noted("prime serves without prefill/decode disaggregation")] = False
+    experimental: Annotated[dict[str, Any] | None, Noted("prime has no experimental inference keys")] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prime_rl_lora_keys(cls, data: Any) -> Any:
+        """prime-rl's ``enable_lora`` / ``max_lora_rank`` / ``max_loras`` are prime's ``[inference.lora]``,
+        and its ``vllm_extra`` is prime's ``args``."""
+        if not isinstance(data, dict):
+            return data
+        keys = {"enable_lora", "max_lora_rank", "max_loras", "vllm_extra"} & data.keys()
+        if not keys:
+            return data
+        data = dict(data)
+        enable = data.pop("enable_lora", None)
+        lora = {}
+        if "max_lora_rank" in data:
+            lora["max_rank"] = data.pop("max_lora_rank")
+        if "max_loras" in data:
+            lora["max_loras"] = data.pop("max_loras")
+        current = data.get("lora")
+        if enable or (enable is None and lora) or (lora and current):
+            current = {} if current in (None, True) else current
+            if isinstance(current, dict):
+                data["lora"] = {**lora, **current}
+        if "vllm_extra" in data:
+            extra = data.pop("vllm_extra") or {}
+            data["args"] = {**extra, **(data.get("args") or {})}
+        return data
+
+    def vllm_options(self) -> dict[str, Any]:
+        options = {option: getattr(self, key) for key, option in PASSED
+                   if getattr(self, key) is not None and getattr(self, key) is not False}
+        if self.enable_prefix_caching is False:
+            options["enable_prefix_caching"] = False
+        return options

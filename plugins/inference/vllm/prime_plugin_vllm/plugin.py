@@ -39,9 +39,10 @@ def _numa_nodes() -> int:
 
 
 @hookimpl
-def prime_validate_config(config, root):
+def prime_validate_config(config, root, here):
     """What vLLM would refuse only after its start-up: checked with the config, so that
-    ``--dry-run`` says so and a real run stops before anything starts."""
+    ``--dry-run`` says so and a real run stops before anything starts (this machine's CPU layout
+    only when the server runs here)."""
     inference = config if root == "inference" else getattr(config, "inference", None) if root == "rl" else None
     if inference is None or not _served_by_vllm(inference):
         return []
@@ -58,7 +59,7 @@ def prime_validate_config(config, root):
                         "orchestrator and the launchers read too")
     tp = inference.parallel.tp
     env = {**os.environ, **inference.env}
-    if tp > 1 and vllm_on_cpu() and not env.get("VLLM_CPU_OMP_THREADS_BIND") and _numa_nodes() < tp:
+    if here and tp > 1 and vllm_on_cpu() and not env.get("VLLM_CPU_OMP_THREADS_BIND") and _numa_nodes() < tp:
         problems.append(f"{prefix}parallel.tp = {tp}: vLLM on CPU binds each of its {tp} workers to a NUMA node of "
                         f"its own and this machine has {_numa_nodes()}; set {prefix}parallel.tp = 1, or bind them "
                         f"yourself: {prefix}env = {{VLLM_CPU_OMP_THREADS_BIND = \"0|1\"}} (one core list per worker)")
@@ -67,7 +68,9 @@ def prime_validate_config(config, root):
 
 @hookimpl
 def prime_config_sections():
-    return [ConfigSection(name="inference.model", model="prime_plugin_vllm.config:VLLMModelKeys", merge=True)]
+    return [ConfigSection(name="inference.model", model="prime_plugin_vllm.config:VLLMModelKeys", merge=True),
+            ConfigSection(name="inference", model="prime_plugin_vllm.config:VLLMKeys", merge=True),
+            ConfigSection(name="inference.server", model="prime_plugin_vllm.config:VLLMServerKeys", merge=True)]
 
 
 @hookimpl

@@ -178,6 +178,8 @@ class VLLMServer:
         })
         if cfg.lora is not None:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter and unload
+        if getattr(cfg, "use_deep_gemm", False):
+            env["VLLM_USE_DEEP_GEMM"] = "1"
         if Path(cfg.model.name).expanduser().exists():
             env["HF_HUB_OFFLINE"] = "1"  # a local checkpoint: never reach out to the Hub
         if self.on_cpu:
@@ -230,6 +232,12 @@ class VLLMServer:
             options.update(enable_lora=True, max_lora_rank=lora_rank(cfg.lora.max_rank), max_loras=cfg.lora.max_loras,
                            # the adapter being replaced stays loadable while requests finish on it
                            max_cpu_loras=cfg.lora.max_loras + 2)
+        # prime-rl's vLLM keys (prime_plugin_vllm.config), where the config has them
+        for section in (cfg, model):
+            if hasattr(section, "vllm_options"):
+                options.update(section.vllm_options())
+        if model.chat_template is not None:
+            options["chat_template"] = model.chat_template
         args = {key.replace("-", "_"): value for key, value in cfg.args.items()}
         if (self.on_cpu and not any(k in args for k in KV_CACHE_ARGS)
                 and not self.env().get("VLLM_CPU_KVCACHE_SPACE")):

@@ -7,11 +7,11 @@ table says how the job is written and submitted.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
-from prime_core.config.base import ExistingFile, Section
+from prime_core.config.base import ExistingFile, Noted, Section
 
 
 class SlurmConfig(Section):
@@ -48,6 +48,16 @@ class SlurmConfig(Section):
     sbatch_options: dict[str, str | int | bool] = Field(default_factory=dict)
     """Further ``#SBATCH`` options, e.g. ``{qos = "high", mem = "0"}`` → ``--qos=high``,
     ``--mem=0`` (``true`` writes the bare flag)."""
+    exclude: str | None = None
+    """Nodes the job must not run on (``#SBATCH --exclude``, e.g. ``node[05-06]``)."""
+    cleanup_grace_period: Annotated[int | None, Noted(
+        "a failing role stops the whole job at once in prime (its checkpoints are written atomically)")] = None
+
+    @model_validator(mode="after")
+    def _exclude_option(self) -> SlurmConfig:
+        if self.exclude is not None:
+            self.sbatch_options = {"exclude": self.exclude, **self.sbatch_options}
+        return self
 
 
 LEGACY_KEYS = ("job_name", "project_dir", "template_path", "partition", "account", "time")

@@ -193,7 +193,7 @@ def prime_config_sections():
 
 @hookimpl
 def prime_launchers():
-    return [Launcher(name="slurm", plan=plan, launch=launch,
+    return [Launcher(name="slurm", plan=plan, launch=launch, remote=True,
                      description="write an sbatch script from a Jinja2 template and submit it")]
 
 

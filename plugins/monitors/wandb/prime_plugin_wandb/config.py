@@ -8,10 +8,11 @@ SFT run's. Its presence turns the ``wandb`` monitor on.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field
 
-from prime_core.config.base import Section, Toggle
+from prime_core.config.base import Noted, Section, Toggle
 
 
 class LogExtrasConfig(Section):
@@ -56,5 +57,6 @@ class WandbConfig(Section):
     shared: bool = True
     """The trainer and the orchestrator log into one run (prime-rl 0.5's ``wandb.shared``);
     ``false``: one run per role, named ``<name>-<role>``."""
-    log_extras: Toggle[LogExtrasConfig] = None
+    log_extras: Annotated[Toggle[LogExtrasConfig], Noted(
+        "prime's monitors log scalar metrics only: no sample tables or distributions")] = None
     """prime-rl's sample and distribution logging: accepted for compatibility, not logged."""

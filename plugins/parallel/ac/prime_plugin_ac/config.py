@@ -26,6 +26,9 @@ class ACOffloadingConfig(Section):
     """Offload checkpointed activations to CPU memory."""
 
     max_inflight_activations: int = Field(default=5, ge=1)
+    pin_memory: bool = True
+    """Copy into page-locked host memory (asynchronous copies; prime-rl's key). ``false`` saves pinned
+    memory at the cost of synchronous copies."""
 
 
 class ACKeys(Section):

@@ -26,8 +26,9 @@ class _Offloaded:
 
 
 class Offloader:
-    def __init__(self, max_inflight: int) -> None:
+    def __init__(self, max_inflight: int, pin_memory: bool = True) -> None:
         self.max_inflight = max_inflight
+        self.pin_memory = pin_memory
         self.pending: deque = deque()
         self.streams: dict = {}
 
@@ -45,7 +46,7 @@ class Offloader:
             stream = self.streams[tensor.device] = torch.cuda.Stream(tensor.device)
         stream.wait_stream(torch.cuda.current_stream(tensor.device))
         with torch.cuda.stream(stream):
-            host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=self.pin_memory)
             host.copy_(tensor, non_blocking=True)
             event = torch.cuda.Event()
             event.record(stream)
@@ -90,7 +91,7 @@ def _wrapper_class():
 def apply(model, *, config, **_):
     from prime_core.trainer.model import transformer_blocks
 
-    offloader = Offloader(config.ac_offloading.max_inflight_activations)
+    offloader = Offloader(config.ac_offloading.max_inflight_activations, config.ac_offloading.pin_memory)
     wrapper = _wrapper_class()
     blocks = transformer_blocks(model)
     for index, block in enumerate(blocks):

@@ -29,23 +29,26 @@ class FSDPConfig(Section):
 
 
 class FSDPIslands(Section):
-    """``deployment.nodes_per_fsdp_group`` (multi-node RL): the train nodes form
-    ``num_train_nodes / nodes_per_fsdp_group`` FSDP islands, HSDP replicas each sharding the
-    model over its own nodes' GPUs, i.e. ``trainer.model.dp_replicate``."""
+    """``deployment.nodes_per_fsdp_group`` (multi-node RL and SFT): the train nodes form
+    ``num_train_nodes / nodes_per_fsdp_group`` FSDP islands (SFT: ``num_nodes / ...``), HSDP
+    replicas each sharding the model over its own nodes' GPUs, i.e. ``dp_replicate``."""
 
     @model_validator(mode="after")
     def _islands(self):
-        deployment, model = self.deployment, self.trainer.model
+        deployment = self.deployment
+        trainer = getattr(self, "trainer", None)
+        model, key = (trainer.model, "trainer.model") if trainer is not None else (self.model, "model")
         group = getattr(deployment, "nodes_per_fsdp_group", None)
         if deployment.type != "multi_node" or group is None:
             return self
-        nodes = deployment.num_train_nodes
+        nodes_key = "num_train_nodes" if hasattr(deployment, "num_train_nodes") else "num_nodes"
+        nodes = getattr(deployment, nodes_key)
         if nodes % group:
-            raise ValueError(f"deployment.nodes_per_fsdp_group = {group} does not divide deployment.num_train_nodes = "
+            raise ValueError(f"deployment.nodes_per_fsdp_group = {group} does not divide deployment.{nodes_key} = "
                              f"{nodes}: choose a divisor of the train nodes")
         replicas = nodes // group
         if "dp_replicate" in model.model_fields_set and model.dp_replicate not in (1, replicas):
-            raise ValueError(f"trainer.model.dp_replicate = {model.dp_replicate} but deployment.nodes_per_fsdp_group "
+            raise ValueError(f"{key}.dp_replicate = {model.dp_replicate} but deployment.nodes_per_fsdp_group "
                              f"= {group} of {nodes} train nodes means {replicas} replicas: set one of them, not both")
         object.__setattr__(model, "dp_replicate", replicas)
         return self

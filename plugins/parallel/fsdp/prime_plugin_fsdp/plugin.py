@@ -21,7 +21,7 @@ def prime_config_sections():
     return [
         ConfigSection(name="trainer.model", model="prime_plugin_fsdp.config:FSDPConfig", merge=True,
                       roots=("rl", "sft")),
-        ConfigSection(name="", model="prime_plugin_fsdp.config:FSDPIslands", merge=True, roots=("rl",)),
+        ConfigSection(name="", model="prime_plugin_fsdp.config:FSDPIslands", merge=True, roots=("rl", "sft")),
     ]
 
 

@@ -1,5 +1,5 @@
 """Rows of a ``datasets`` dataset, loaded exactly as on a connected machine, with an error a
-user can act on when they cannot be had here.
+user can act on when they cannot be had here (SFT's ``[data] name``, math-env's ``dataset_name``).
 
 A dataset id goes through ``datasets.load_dataset(name, subset, split=split)``. With
 ``HF_HUB_OFFLINE=1`` (or ``HF_DATASETS_OFFLINE=1``; prime's roles set the first unless the
@@ -20,53 +20,60 @@ class DatasetUnavailable(ValueError):
     """The dataset cannot be loaded here; the message names it and the fix."""
 
 
-def load_rows(name: str, subset: str | None, split: str):
-    """The ``datasets.Dataset`` of one split."""
-    import datasets
+def load_rows(name: str, subset: str | None, split: str, *, who: str = "math-env", key: str = "dataset_name"):
+    """The ``datasets.Dataset`` of one split; errors start with ``who`` and name ``key`` (the
+    config key that holds ``name``) in their fix."""
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetUnavailable(f"{who}: reading dataset '{name}' needs the datasets package: pip install "
+                                 "'prime-core[datasets]' (or pip install datasets)") from None
 
     shown = f"dataset '{name}' (subset {subset!r}, split {split!r})"
     path = Path(name).expanduser()
     try:
         if path.is_file():
             if path.suffix not in FILE_BUILDERS:
-                raise DatasetUnavailable(f"math-env: {shown}: cannot read a '{path.suffix}' file; use one of "
+                raise DatasetUnavailable(f"{who}: {shown}: cannot read a '{path.suffix}' file; use one of "
                                          f"{', '.join(FILE_BUILDERS)}")
             return datasets.load_dataset(FILE_BUILDERS[path.suffix], data_files={split: str(path)}, split=split)
         if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
-            return _split_of(datasets.load_from_disk(str(path)), split, shown)
+            return _split_of(datasets.load_from_disk(str(path)), split, shown, who)
         if path.is_dir():  # a folder of data files (a clone of a Hub repository)
             return datasets.load_dataset(str(path), None if subset in (None, "default") else subset, split=split)
         return datasets.load_dataset(name, subset, split=split)
     except DatasetUnavailable:
         raise
     except (OSError, ValueError) as exc:  # ConnectionError, FileNotFoundError, DatasetNotFoundError, bad split
-        raise DatasetUnavailable(_explain(shown, name, subset, split, exc, local=path.exists())) from None
+        raise DatasetUnavailable(_explain(shown, name, subset, split, exc, local=path.exists(), who=who,
+                                          key=key)) from None
 
 
-def _split_of(loaded, split: str, shown: str):
+def _split_of(loaded, split: str, shown: str, who: str):
     import datasets
 
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
-            raise DatasetUnavailable(f"math-env: {shown}: the saved dataset has no split '{split}'; it has "
-                                     f"{', '.join(loaded)} (set dataset_split)")
+            raise DatasetUnavailable(f"{who}: {shown}: the saved dataset has no split '{split}'; it has "
+                                     f"{', '.join(loaded)}")
         return loaded[split]
     return loaded
 
 
-def _explain(shown: str, name: str, subset: str | None, split: str, exc: Exception, *, local: bool) -> str:
+def _explain(shown: str, name: str, subset: str | None, split: str, exc: Exception, *, local: bool, who: str,
+             key: str) -> str:
     import datasets
 
     reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
     if local:
-        return f"math-env: cannot load {shown} from the local path: {reason}"
+        return f"{who}: cannot load {shown} from the local path: {reason}"
     offline = datasets.config.HF_HUB_OFFLINE
     where = f"the local cache ({datasets.config.HF_DATASETS_CACHE})"
     fix = (f"on a machine that reaches the Hub, run `python -c \"import datasets; datasets.load_dataset("
            f"{name!r}, {subset!r}, split={split!r})\"` and copy its HF_HOME cache here (HF_HOME or "
            "HF_DATASETS_CACHE points at it), or save the rows with `.save_to_disk(DIR)` or as a .jsonl/.parquet "
-           "file and set dataset_name to that path")
+           f"file and set {key} to that path")
     if offline:
         fix += "; where the Hub is reachable, HF_HUB_OFFLINE=0 lets datasets download it"
     mode = "offline (HF_HUB_OFFLINE=1), from " if offline else "from the Hub or "
-    return f"math-env: cannot load {shown} {mode}{where}: {reason}. Fix: {fix}"
+    return f"{who}: cannot load {shown} {mode}{where}: {reason}. Fix: {fix}"

@@ -1,0 +1,1 @@
+"""prime-plugin-report: ``prime report OUTPUT_DIR`` (see README.md)."""
