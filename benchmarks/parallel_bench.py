@@ -136,7 +136,8 @@ def worker(args) -> int:
                  + {"memory-tight": "-tight", "fast-defaults": "-defaults"}.get(args.recipe, "")}
     else:
         model.update(cp=args.cp, cp_style=args.style, ac={"freq": 1})
-        label = {"kind": "cp", "config": f"cp{args.cp}-{args.style}" if args.cp > 1 else "cp1"}
+        label = {"kind": "cp", "config": (f"cp{args.cp}-{args.style}" if args.cp > 1 else "cp1")
+                 + ("-defaults" if args.recipe == "fast-defaults" else "")}
     seq_lens = args.seq_lens
     config = schema_for("trainer")(model=model, optim={"lr": 1e-6}, output_dir=args.out / "run", seq_len=max(seq_lens))
     manager = get_plugin_manager()

@@ -332,7 +332,8 @@ def main() -> int:
         make_model(args.model_dir)
         return profile(args)
     if args.mode == "scaling":  # already under torchrun: this process is one rank
-        args.knob, args.kind, args.seq_lens = "default", f"scaling×{os.environ.get('WORLD_SIZE', 1)}", [args.seq_len]
+        # --knob picks the configuration (default: "default", what results/ recorded before)
+        args.kind, args.seq_lens = f"scaling×{os.environ.get('WORLD_SIZE', 1)}", [args.seq_len]
         return worker(args)
     make_model(args.model_dir)
     if args.mode == "model":

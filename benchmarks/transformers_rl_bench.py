@@ -13,6 +13,7 @@ to ``OUT/results.jsonl``, each run's files to ``OUT/<shape>-async<k>/``.
 
     python3 benchmarks/transformers_rl_bench.py --out $OUT                       # one GPU, both shapes
     python3 benchmarks/transformers_rl_bench.py --out $OUT --shapes qwen3-1.7b --gpus 2
+    python3 benchmarks/transformers_rl_bench.py --out $OUT --shapes qwen3-1.7b --gpus 4   # trainer on 3 GPUs
     python3 benchmarks/transformers_rl_bench.py --out $OUT --tiny                # CPU, seconds per step
     python3 benchmarks/transformers_rl_bench.py table --out $OUT                 # the table again
 """
@@ -87,10 +88,11 @@ def run_config(args: argparse.Namespace, async_level: int, gpu: bool) -> str:
         "[inference.model]", f'dtype = "{args.dtype}"', f"max_model_len = {args.seq_len}", "",
     ]
     if gpu:
-        share = args.gpus == 1
         first = args.first_gpu
-        trainer = first if share else first + 1
-        lines += ["[deployment]", f"inference_gpu_ids = [{first}]", f"trainer_gpu_ids = [{trainer}]", ""]
+        trainer = [first] if args.gpus == 1 else list(range(first + 1, first + args.gpus))
+        # several trainer GPUs: the launcher runs the trainer under torchrun, one rank per GPU (FSDP)
+        lines += ["[deployment]", f"inference_gpu_ids = [{first}]", f"trainer_gpu_ids = {trainer}",
+                  f"num_train_gpus = {len(trainer)}", ""]
     return "\n".join(lines)
 
 
@@ -221,8 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", type=Path, help="where the random models are built; default: OUT/models")
     parser.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen3-1.7b"], choices=sorted(SHAPES))
     parser.add_argument("--async-levels", nargs="+", type=int, default=[1, 0])
-    parser.add_argument("--gpus", type=int, default=1, choices=[1, 2], help="1: inference and trainer share GPU 0; "
-                                                                            "2: inference on 0, trainer on 1")
+    parser.add_argument("--gpus", type=int, default=1, choices=range(1, 9), metavar="N",
+                        help="1: inference and trainer share GPU 0; N > 1: inference on the first GPU, the trainer "
+                             "on the next N - 1 (under torchrun when N > 2)")
     parser.add_argument("--first-gpu", type=int, default=0,
                         help="the GPU id inference takes (the trainer's is it, or the next with --gpus 2): two runs "
                              "side by side on one host")
