@@ -18,6 +18,7 @@ import pytest
 from prime_core import hookimpl
 from prime_core.errors import PluginError, PrimeError
 from prime_core.inference.client import InferenceClient, Sample, SampleRequest
+from prime_core.orchestrator.batch import batch_file, read_batch
 from prime_core.orchestrator.config import OrchestratorConfig
 from prime_core.orchestrator.env import Task
 from prime_core.specs import Environment, InferenceBackend, Router
@@ -162,7 +163,7 @@ def test_orchestrator_samples_only_through_the_client_and_router(canned, tmp_pat
 
     # The batches hold the sampled tokens and logprobs exactly.
     for step in (1, 2):
-        batch = json.loads((cfg.output_dir / "rollouts" / f"step_{step}" / "batch.json").read_text())
+        batch = read_batch(batch_file(cfg.output_dir, step))
         assert batch["info"]["versions"] == [1]
     metrics = [json.loads(line) for line in (cfg.output_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["weights_version"] for m in metrics] == [1, 1] and metrics[0]["reward"] == 1.0
