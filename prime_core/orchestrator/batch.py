@@ -131,9 +131,9 @@ def read_batch(path: Path) -> dict:
         return chosen.decode(path.read_bytes())
     except BatchFileError as exc:
         raise PrimeError(f"cannot read the batch {path}: {exc}",
-                         hint="the file was damaged after it was written (the orchestrator writes it whole, "
-                              "through a temporary name); delete its rollouts/step_N folder and restart the run "
-                              "with --resume, which has the orchestrator write it again") from None
+                         hint="it was damaged after it was written (the orchestrator writes it whole, through a "
+                              "temporary name, and checks nothing else there); restart the run with --resume: the "
+                              "orchestrator writes every batch after the last checkpoint again") from None
 
 
 def wait_for_batch(output_dir: Path, step: int, *, poll: float = 0.1, timeout: float | None = None) -> dict:
