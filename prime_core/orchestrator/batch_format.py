@@ -50,7 +50,7 @@ VERSION = 1
 
 
 class BatchFileError(ValueError):
-    """A step file that cannot be read (``read`` adds the file's name)."""
+    """A step file that cannot be read (``batch.read_batch`` adds the file's name)."""
 
 
 @dataclass(frozen=True)
@@ -127,8 +127,8 @@ def decode_binary(data: bytes) -> dict:
 
     try:
         arrays = load(data)
-    except (SafetensorError, ValueError) as exc:
-        raise BatchFileError(f"not a whole safetensors file ({exc})") from None
+    except (SafetensorError, ValueError, TypeError, KeyError) as exc:  # a cut or garbled header
+        raise BatchFileError(f"not a whole safetensors file ({type(exc).__name__}: {exc})") from None
     meta = _metadata(data)
     if meta.get("format") != MAGIC:
         raise BatchFileError(f"a safetensors file without prime's step-batch header (format {meta.get('format')!r})")
