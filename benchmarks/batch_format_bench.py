@@ -143,6 +143,7 @@ def main() -> int:
         common = {"samples": args.samples, "tokens_per_sample": args.tokens, "seq_len": args.seq_len, "rows": len(rows),
                   "tokens": tokens, "repeats": args.repeats, "tiny": args.tiny, "cpus": os.cpu_count(),
                   "machine": platform.processor() or platform.machine(), "python": platform.python_version(),
+                  "load_average": os.getloadavg(),  # other jobs on a shared machine: read the ratios with it
                   "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         with args.out.open("a") as f:
             for fmt in FORMATS:
