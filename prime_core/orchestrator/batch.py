@@ -131,9 +131,9 @@ def read_batch(path: Path) -> dict:
         return chosen.decode(path.read_bytes())
     except BatchFileError as exc:
         raise PrimeError(f"cannot read the batch {path}: {exc}",
-                         hint="it was damaged after it was written (the orchestrator writes it whole, through a "
-                              "temporary name, and checks nothing else there); restart the run with --resume: the "
-                              "orchestrator writes every batch after the last checkpoint again") from None
+                         hint="the orchestrator writes each batch whole (through a temporary name), so it was "
+                              "damaged afterwards (the disk, a copy, another program); restart the run with --resume: "
+                              "the orchestrator writes every batch after the last checkpoint again") from None
 
 
 def wait_for_batch(output_dir: Path, step: int, *, poll: float = 0.1, timeout: float | None = None) -> dict:
