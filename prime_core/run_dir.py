@@ -19,11 +19,17 @@ from pathlib import Path
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write through a temporary file and rename, so readers never see half a file."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
+    """``atomic_write_text`` for bytes: a temporary name in the same folder, fsync, rename."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

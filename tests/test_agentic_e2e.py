@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from prime_core import hookimpl
+from prime_core.orchestrator.batch import batch_file, read_batch
 from prime_core.orchestrator.tools import Tool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -245,7 +246,7 @@ def test_faults_fail_one_rollout_each_and_the_run_goes_on(tool_model, server, re
     assert sum(r["tool_errors"] for r in steps) > 0
     log = capsys.readouterr().out
     assert "environment 'faulty':" in log and "RuntimeError: this environment fails on purpose" in log
-    batches = [json.loads((out / "rollouts" / f"step_{s}" / "batch.json").read_text()) for s in (1, 2)]
+    batches = [read_batch(batch_file(out, s)) for s in (1, 2)]
     assert all(b["micro_batches"] for b in batches)
     assert time.monotonic() - started < 600, "hanging tools do not hang the run"
 

@@ -18,6 +18,7 @@ import pytest
 from prime_core import hookimpl
 from prime_core.errors import PluginError, PrimeError
 from prime_core.inference.client import InferenceClient, Sample, SampleRequest
+from prime_core.orchestrator.batch import batch_file, read_batch
 from prime_core.orchestrator.config import OrchestratorConfig
 from prime_core.orchestrator.env import Task
 from prime_core.specs import Environment, InferenceBackend, Router
@@ -162,11 +163,31 @@ def test_orchestrator_samples_only_through_the_client_and_router(canned, tmp_pat
 
     # The batches hold the sampled tokens and logprobs exactly.
     for step in (1, 2):
-        batch = json.loads((cfg.output_dir / "rollouts" / f"step_{step}" / "batch.json").read_text())
+        assert batch_file(cfg.output_dir, step).name == "batch.safetensors", "binary by default"
+        batch = read_batch(batch_file(cfg.output_dir, step))
         assert batch["info"]["versions"] == [1]
     metrics = [json.loads(line) for line in (cfg.output_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["weights_version"] for m in metrics] == [1, 1] and metrics[0]["reward"] == 1.0
     assert metrics[0]["probe_logprob"] == pytest.approx(-0.5 - 0.25 - 0.25)
+
+
+def test_batch_format_json_writes_readable_batches_the_trainer_reads_alike(canned, tmp_path):
+    from prime_core.orchestrator.role import Orchestrator
+
+    with pytest.raises(ValueError, match=r"batch_format\n  Input should be 'binary' or 'json'"):
+        config(tmp_path, batch_format="msgpack")
+    cfg = config(tmp_path, batch_format="json", max_steps=1)
+    publish(cfg.output_dir, 1)
+    orchestrator = Orchestrator(cfg)
+    orchestrator.probe = 0.0
+    asyncio.run(orchestrator.run(start=1))
+    path = batch_file(cfg.output_dir, 1)
+    assert [p.name for p in path.parent.iterdir()] == ["batch.json"]
+    text = json.loads(path.read_text())
+    batch = read_batch(path)
+    assert len(text["micro_batches"]) == len(batch["micro_batches"]) > 0
+    for raw, row in zip(text["micro_batches"], batch["micro_batches"], strict=True):
+        assert raw["input_ids"] == row["input_ids"].tolist() and raw["loss_mask"] == row["loss_mask"].tolist()
 
 
 def test_a_failed_request_is_retried_on_another_replica_and_stops_the_run_when_all_fail(canned, tmp_path):

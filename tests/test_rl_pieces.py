@@ -118,10 +118,10 @@ def test_batches_are_written_atomically_and_awaited(tmp_path):
     rows = pack([sample(2, 3)], 16)
     write_batch(tmp_path, 3, rows, temperature=0.7, info={"reward": 0.5})
     batch = wait_for_batch(tmp_path, 3, timeout=1)
-    assert batch["temperature"] == 0.7 and batch["micro_batches"][0]["input_ids"] == rows[0].input_ids
+    assert batch["temperature"] == 0.7 and batch["micro_batches"][0]["input_ids"].tolist() == rows[0].input_ids
     assert not list((tmp_path / "rollouts" / "step_3").glob("*.tmp"))
     with pytest.raises(PrimeError, match=r"waited 0.2 s for the batch of step 4: the orchestrator has not written "
-                       r".*rollouts/step_4/batch.json"):
+                       r".*rollouts/step_4/batch.safetensors"):
         wait_for_batch(tmp_path, 4, timeout=0.2)
 
 

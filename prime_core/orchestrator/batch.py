@@ -9,18 +9,20 @@ the policy sampled: in a multi-turn sample the environment's and tools' turns be
 turns have mask 0), ``inference_logprobs[t]`` is the sampler's log-probability of token ``t``
 and ``advantages[t]`` its advantage.
 
-Step files live at ``output_dir/rollouts/step_N/batch.json``, written atomically.
+Step files live at ``output_dir/rollouts/step_N/``: ``batch.safetensors`` (typed arrays, the
+default) or ``batch.json`` (``orchestrator.batch_format = "json"``, for debugging), written
+atomically; ``prime_core.orchestrator.batch_format`` describes both. The trainer reads
+whichever is there and gets each row's fields as numpy arrays.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from prime_core.run_dir import atomic_write_text
+from prime_core.run_dir import atomic_write_bytes
 
 
 @dataclass
@@ -92,28 +94,62 @@ def rollout_dir(output_dir: Path, step: int) -> Path:
 
 
 def write_batch(output_dir: Path, step: int, micro_batches: list[MicroBatch], *, temperature: float,
-                info: dict) -> Path:
-    path = rollout_dir(output_dir, step) / "batch.json"
-    payload = {"step": step, "temperature": temperature, "info": info,
-               "micro_batches": [asdict(mb) for mb in micro_batches]}
-    atomic_write_text(path, json.dumps(payload))
+                info: dict, format: str = "binary") -> Path:
+    """Write the batch of ``step`` atomically in ``format`` (``binary`` or ``json``)."""
+    from prime_core.orchestrator.batch_format import FORMATS
+
+    chosen = FORMATS[format]
+    folder = rollout_dir(output_dir, step)
+    for other in FORMATS.values():  # left by an earlier run in another format: never read it
+        if other is not chosen:
+            (folder / other.filename).unlink(missing_ok=True)
+    path = folder / chosen.filename
+    atomic_write_bytes(path, chosen.encode({"step": step, "temperature": temperature, "info": info}, micro_batches))
     return path
 
 
+def batch_file(output_dir: Path, step: int) -> Path | None:
+    """The file the batch of ``step`` was written to, ``None`` while there is none."""
+    from prime_core.orchestrator.batch_format import FORMATS
+
+    folder = rollout_dir(output_dir, step)
+    return next((folder / f.filename for f in FORMATS.values() if (folder / f.filename).exists()), None)
+
+
+def read_batch(path: Path) -> dict:
+    """``{"step", "temperature", "info", "micro_batches": [{field: numpy array}, ...]}`` from a
+    step file of either format; a damaged one raises a ``PrimeError`` naming it."""
+    from prime_core.errors import PrimeError
+    from prime_core.orchestrator.batch_format import BatchFileError, format_of
+
+    path = Path(path)
+    chosen = format_of(path)
+    if chosen is None:
+        raise PrimeError(f"{path} is not a step batch file", hint="step batches are rollouts/step_N/batch.safetensors "
+                                                                 "or batch.json")
+    try:
+        return chosen.decode(path.read_bytes())
+    except BatchFileError as exc:
+        raise PrimeError(f"cannot read the batch {path}: {exc}",
+                         hint="the orchestrator writes each batch whole (through a temporary name), so it was "
+                              "damaged afterwards (the disk, a copy, another program); restart the run with --resume: "
+                              "the orchestrator writes every batch after the last checkpoint again") from None
+
+
 def wait_for_batch(output_dir: Path, step: int, *, poll: float = 0.1, timeout: float | None = None) -> dict:
-    """Block until the batch of ``step`` exists, then return it; after ``timeout`` seconds
-    raise a ``PrimeError`` naming the file waited for and who writes it."""
+    """Block until the batch of ``step`` exists, then return it (``read_batch``); after
+    ``timeout`` seconds raise a ``PrimeError`` naming the folder waited for and who writes it."""
     from prime_core.errors import PrimeError
 
-    path = rollout_dir(output_dir, step) / "batch.json"
     start = time.monotonic()
-    while not path.exists():
+    while (path := batch_file(output_dir, step)) is None:
         if timeout is not None and time.monotonic() - start > timeout:
             raise PrimeError(f"waited {timeout:g} s for the batch of step {step}: the orchestrator has not written "
-                             f"{path}", hint="see the orchestrator's log (output_dir/logs/orchestrator.log); raise "
-                                             "trainer.batch_timeout if its steps take that long")
+                             f"{rollout_dir(output_dir, step)}/batch.safetensors (or batch.json)",
+                             hint="see the orchestrator's log (output_dir/logs/orchestrator.log); raise "
+                                  "trainer.batch_timeout if its steps take that long")
         time.sleep(poll)
-    return json.loads(path.read_text())
+    return read_batch(path)
 
 
 def remove_batches_from(output_dir: Path, step: int) -> None:

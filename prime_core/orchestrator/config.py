@@ -304,6 +304,10 @@ class OrchestratorConfig(Section):
     for ever."""
     seq_len: int = Field(default=2048, ge=1)
     max_steps: int | None = Field(default=None, ge=1)
+    batch_format: Literal["binary", "json"] = "binary"
+    """How each step's batch is written for the trainer: ``binary`` (typed arrays in
+    ``rollouts/step_N/batch.safetensors``) or ``json`` (``batch.json``, readable text for
+    debugging, several times larger and slower). The trainer reads either."""
     seed: int = 0
     ckpt: CkptConfig = Field(default_factory=CkptConfig)
     weight_broadcast: WeightBroadcastConfig = Field(default_factory=WeightBroadcastConfig)
@@ -342,8 +346,8 @@ class OrchestratorConfig(Section):
         "turn to turn; tool calls are read by orchestrator.rollout.tool_parser")] = None
     tokenizer: Annotated[dict[str, Any] | None, Noted(
         "the orchestrator's tokenizer is model.tokenizer (model.chat_template for a template)")] = None
-    rollout_transport: Annotated[dict[str, Any] | None, Noted("batches reach the trainer as files under "
-                                                              "output_dir/rollouts")] = None
+    rollout_transport: Annotated[dict[str, Any] | None, Noted(
+        "batches reach the trainer as files under output_dir/rollouts (orchestrator.batch_format)")] = None
     prime_monitor: Annotated[dict[str, Any] | None, Noted(
         "Prime Intellect's hosted monitor is not part of prime; use a monitor plugin's table (`prime plugins list`)")
     ] = None

@@ -336,7 +336,7 @@ class Orchestrator:
         mean = sum(rewards) / len(rewards)
         info = {"reward": mean, "off_policy_max": max(lags), "versions": sorted({g.version for g in batch})}
         write_batch(config.output_dir, step, pack(samples, config.seq_len),
-                    temperature=config.sampling.temperature, info=info)
+                    temperature=config.sampling.temperature, info=info, format=config.batch_format)
         self.dropped_total += window.dropped
         sampled = sum(o.episode.trajectory.sampled_tokens for o in outcomes)
         replicas = self.pool.step_metrics()

@@ -204,7 +204,7 @@ class TrainerConfig(Section):
         "the orchestrator's async_level bounds how far sampling runs ahead; the trainer takes each step's batch")
     ] = None
     rollout_transport: Annotated[dict[str, Any] | None, Noted(
-        "batches reach the trainer as files under output_dir/rollouts")] = None
+        "batches reach the trainer as files under output_dir/rollouts (orchestrator.batch_format)")] = None
     tokenizer: Annotated[dict[str, Any] | None, Noted(
         "the RL trainer trains on token ids and loads no tokenizer (model.tokenizer names the orchestrator's)")] = None
     gc: Annotated[dict[str, Any] | None, Noted("prime leaves Python's garbage collector as it is")] = None

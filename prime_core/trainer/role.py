@@ -1,7 +1,8 @@
 """The RL trainer loop (``prime trainer CONFIG``), one process or several under torchrun.
 
-Step N: wait for ``rollouts/step_N/batch.json``, take this rank's share of its packed rows,
-compute the loss (normalised by the loss tokens of the whole step), clip, optimise, publish
+Step N: wait for ``rollouts/step_N/batch.safetensors`` (or ``batch.json``), take this rank's
+share of its packed rows, compute the loss (normalised by the loss tokens of the whole step),
+clip, optimise, publish
 the full weights as policy version N (rank 0 writes them), log metrics, and checkpoint every
 ``ckpt.interval`` steps (sharded, every rank writes its part). With ``resume`` it continues
 after the newest complete checkpoint; the metrics of steps that are redone are moved aside so

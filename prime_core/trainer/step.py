@@ -34,6 +34,14 @@ def padding_row() -> dict:
             "inference_logprobs": [0.0, 0.0], "padding": True}
 
 
+def loss_tokens(row: dict) -> int:
+    """The tokens of ``row`` trained on. Its fields are lists or numpy arrays (a step file's rows);
+    the count is taken in int64, never in the mask's own uint8."""
+    import numpy as np
+
+    return int(np.sum(row["loss_mask"], dtype=np.int64))
+
+
 def row_tensors(row: dict, device) -> dict[str, Any]:
     import torch
 
@@ -56,7 +64,7 @@ def train_step(training, rows: list[dict], *, max_norm: float | None, loss_fn=No
 
     world = training.world
     cp = world.rows_split
-    total = sum(sum(row["loss_mask"]) for row in rows)
+    total = sum(loss_tokens(row) for row in rows)
     mine = share(rows, world.rank // cp, world.size // cp)
     sums = forward_backward(training.policy.model, mine, total_loss_tokens=total, world=world, loss_fn=loss_fn,
                             loss_kwargs=loss_kwargs, temperature=temperature)

@@ -20,6 +20,7 @@ import pytest
 
 from prime_core.config.checks import schema_for
 from prime_core.errors import PrimeError
+from prime_core.orchestrator.batch import batch_file, read_batch
 from prime_core.testing.contracts.inference_backend import InferenceBackendContract
 
 KEY = "prime-test-key-4f1d2c"
@@ -527,7 +528,7 @@ def test_orchestrator_runs_on_a_backend_registered_in_process(role, admin, tiny,
     assert [sampled.count(u) for u in urls] == [1 + 8, 8], "the probe on the first, then alternating"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["weights_version"] == 1 for r in rows)
-    batch = json.loads((out / "rollouts" / "step_1" / "batch.json").read_text())
+    batch = read_batch(batch_file(out, 1))
     assert batch["info"]["versions"] == [1]
 
 
