@@ -70,6 +70,10 @@ class RLConfig(Section):
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     inference: Toggle[InferenceConfig] = Field(default_factory=InferenceConfig)
     """The inference server to start; ``None`` when you run your own (set orchestrator.client)."""
+    teacher_inference: Toggle[InferenceConfig] = None
+    """A teacher's server to start as well (prime-rl 0.5's key; ``deployment.num_teacher_gpus``
+    turns it on too): its keys default to ``inference``'s, its port follows the student's
+    servers, and ``orchestrator.teacher`` talks to it (``prime_core.config.teacher``)."""
     deployment: Annotated[Deployment, infer_deployment_type] = Field(default_factory=SingleNodeDeployment)
 
     launcher: str = "auto"
@@ -91,6 +95,9 @@ class RLConfig(Section):
     """Plugin names that must be installed and active, e.g. ``["deepep"]``."""
 
     shared_keys: ClassVar[dict[str, tuple[str, ...]]] = SHARED_KEYS
+    mirrors: ClassVar[dict[str, str]] = {"teacher_inference": "inference"}
+    """Fields of the same section as another: plugins' keys mounted on ``inference`` are
+    ``teacher_inference``'s too (``prime_core.config.schema.build_schema``)."""
     prime_rl_keys: ClassVar[tuple[str, ...]] = ("max_async_level", "max_model_len", "tokenizer")
     """Top-level keys copied into the roles (plugins' sections with ``roles`` add theirs)."""
 
@@ -121,11 +128,16 @@ class RLConfig(Section):
                 data[role] = section
         _replicas_from_deployment(data)
         _point_client_at_server(data)
+        from prime_core.config.teacher import point_teacher_at_server
+
+        point_teacher_at_server(data)
         return data
 
     def problems(self) -> list[str]:
         """Keys that contradict each other (checked once the config is valid; ``config.load``)."""
-        problems = clean_and_resume(self)
+        from prime_core.config import teacher
+
+        problems = clean_and_resume(self) + teacher.problems(self)
         inference, sampling = self.inference, self.orchestrator.sampling
         limit = inference.model.max_model_len if inference is not None else None
         if limit is not None and sampling.max_tokens is not None and sampling.max_tokens >= limit:

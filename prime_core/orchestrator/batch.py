@@ -7,7 +7,8 @@ block-diagonal attention mask so samples never attend to each other. Per-token a
 aligned with ``input_ids``: ``loss_mask[t]`` says whether token ``t`` is trained on (a token
 the policy sampled: in a multi-turn sample the environment's and tools' turns between model
 turns have mask 0), ``inference_logprobs[t]`` is the sampler's log-probability of token ``t``
-and ``advantages[t]`` its advantage.
+and ``advantages[t]`` its advantage; ``teacher_logprobs[t]`` (on-policy distillation) the teacher's
+log-probability of token ``t``.
 
 Step files live at ``output_dir/rollouts/step_N/batch.json``, written atomically.
 """
@@ -36,6 +37,9 @@ class TrainingSample:
     completion_mask: list[int] | None = None
     """Per completion token, 1 where the policy sampled it, 0 for environment and tool turns
     of a multi-turn trajectory; ``None``: every completion token was sampled."""
+    teacher_logprobs: list[float] | None = None
+    """Per completion token, the teacher's log-probability of it (on-policy distillation), 0.0
+    where the policy did not sample it (mask 0); ``None``: no teacher scored it."""
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
@@ -52,9 +56,19 @@ class MicroBatch:
     loss_mask: list[int] = field(default_factory=list)
     advantages: list[float] = field(default_factory=list)
     inference_logprobs: list[float] = field(default_factory=list)
+    teacher_logprobs: list[float] | None = None
+    """The teacher's log-probability of each token (0.0 where the loss mask is 0, and for
+    samples no teacher scored); ``None`` when no sample of the row has them."""
 
     def add(self, sample: TrainingSample) -> None:
         n_prompt, n_completion = len(sample.prompt_ids), len(sample.completion_ids)
+        if sample.teacher_logprobs is not None and self.teacher_logprobs is None:
+            self.teacher_logprobs = [0.0] * len(self.input_ids)
+        if self.teacher_logprobs is not None:
+            teacher = sample.teacher_logprobs or [0.0] * n_completion
+            # Only sampled tokens (mask 1) carry a teacher term: env and tool turns are not the policy's.
+            self.teacher_logprobs += [0.0] * n_prompt + [t if m else 0.0 for t, m in zip(teacher, sample.mask,
+                                                                                         strict=True)]
         self.input_ids += sample.prompt_ids + sample.completion_ids
         self.position_ids += list(range(n_prompt + n_completion))
         mask = sample.mask
@@ -73,9 +87,10 @@ def pack(samples: list[TrainingSample], seq_len: int) -> list[MicroBatch]:
     for sample in sorted(samples, key=len, reverse=True):
         if len(sample) > seq_len:
             keep = max(0, seq_len - len(sample.prompt_ids))
+            teacher = sample.teacher_logprobs[:keep] if sample.teacher_logprobs is not None else None
             sample = TrainingSample(sample.prompt_ids[:seq_len], sample.completion_ids[:keep],
                                     sample.completion_logprobs[:keep], sample.advantage, sample.reward,
-                                    sample.version, sample.env, sample.mask[:keep])
+                                    sample.version, sample.env, sample.mask[:keep], teacher)
         for row in rows:
             if len(row) + len(sample) <= seq_len:
                 row.add(sample)
@@ -92,10 +107,13 @@ def rollout_dir(output_dir: Path, step: int) -> Path:
 
 
 def write_batch(output_dir: Path, step: int, micro_batches: list[MicroBatch], *, temperature: float,
-                info: dict) -> Path:
+                info: dict, training_mode: str = "rl") -> Path:
+    """``training_mode`` (prime-rl 0.6's, ``orchestrator.training_mode``) tells the trainer which
+    loss the batch is for (``prime_core.trainer.modes``)."""
     path = rollout_dir(output_dir, step) / "batch.json"
-    payload = {"step": step, "temperature": temperature, "info": info,
-               "micro_batches": [asdict(mb) for mb in micro_batches]}
+    rows = [{k: v for k, v in asdict(mb).items() if v is not None} for mb in micro_batches]
+    payload = {"step": step, "temperature": temperature, "info": info, "training_mode": training_mode,
+               "micro_batches": rows}
     atomic_write_text(path, json.dumps(payload))
     return path
 

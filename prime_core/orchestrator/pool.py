@@ -103,6 +103,23 @@ class ReplicaPool:
 
     async def sample(self, request):
         """``request`` on a replica the router picks; retried elsewhere when it fails."""
+        url, samples = await self.on_a_replica(request, lambda client: client.sample(request))
+        if len(samples) != request.n:
+            raise PrimeError(f"inference server at {url} returned {len(samples)} samples for n = {request.n}")
+        return samples
+
+    async def prompt_logprobs(self, token_ids: list[int], *, session_id: str | None = None) -> list[float]:
+        """Each token's log-probability after the ones before it, from a replica the router picks
+        (a teacher scoring the student's tokens); retried elsewhere when it fails."""
+        from prime_core.inference.client import SampleRequest
+
+        route = SampleRequest(prompt_ids=list(token_ids), max_tokens=1, session_id=session_id)
+        _, logprobs = await self.on_a_replica(route, lambda client: client.prompt_logprobs(list(token_ids)))
+        return logprobs
+
+    async def on_a_replica(self, request, call) -> tuple[str, Any]:
+        """``(url, await call(client))`` on the replica the router picks for ``request``; a call
+        that fails is retried on another replica (``max_retries``)."""
         tried: set[str] = set()
         attempt = rounds = 0
         while True:
@@ -123,7 +140,7 @@ class ReplicaPool:
                                     or not replica.sampling else "down or already failed for this request"))
             start, ok = time.perf_counter(), False
             try:
-                samples = await replica.client.sample(request)
+                answer = await call(replica.client)
                 ok = True
             except Exception as exc:  # the replica's failure: retried below, or raised when no try is left
                 error = exc
@@ -131,9 +148,7 @@ class ReplicaPool:
                 self.router.done(url, ok=ok, latency=time.perf_counter() - start)
             if ok:
                 replica.requests += 1
-                if len(samples) != request.n:
-                    raise PrimeError(f"inference server at {url} returned {len(samples)} samples for n = {request.n}")
-                return samples
+                return url, answer
             if replica.engine:  # a router in front is not judged by its health: it reports its engines'
                 await self.check(replica)
             attempt += 1
