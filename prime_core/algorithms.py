@@ -22,7 +22,7 @@ def default_loss(logprobs, inference_logprobs, advantages, *, mask_threshold: fl
 
     ``ratio = exp(logp - logp_inference)``; a token whose probability moved more than
     ``mask_threshold`` past the inference policy in the direction its advantage pushes is
-    masked (``Δp > t`` when ``A > 0``, ``Δp < -t`` when ``A < 0``; prime-rl's ``mask_high`` and
+    masked (``Δp > t`` when ``A > 0``, ``Δp < -t`` otherwise; prime-rl's ``mask_high`` and
     ``mask_low`` set the two sides apart). The loss per token is
     ``-keep · A' · ratio + kl_tau · log_ratio²`` with ``A' = adv_tau · A``.
 
@@ -40,7 +40,9 @@ def default_loss(logprobs, inference_logprobs, advantages, *, mask_threshold: fl
         delta_p = torch.exp(logprobs) - torch.exp(inference_logprobs)
         high = mask_threshold if mask_high is None else mask_high
         low = mask_threshold if mask_low is None else mask_low
-        masked = ((advantages > 0) & (delta_p > high)) | ((advantages < 0) & (delta_p < -low))
+        # As prime-rl 0.6: a token whose advantage is not positive is held to the low side (with a
+        # teacher's term its reward advantage may be 0 and its whole advantage not).
+        masked = torch.where(advantages > 0, delta_p > high, delta_p < -low)
         keep = (~masked).to(logprobs.dtype)
         mismatch_kl = ratio - log_ratio - 1
     extra = {}

@@ -39,7 +39,7 @@ def row_tensors(row: dict, device) -> dict[str, Any]:
 
     out = {}
     for key in _KEYS:
-        if key in row:
+        if row.get(key) is not None:
             dtype = torch.long if key in ("input_ids", "position_ids") else torch.float32
             out[key] = torch.tensor(row[key], dtype=dtype, device=device)
     return out
