@@ -56,6 +56,7 @@ class ClientConfig(ApiKeyRef):
     elastic: Annotated[dict[str, Any] | None, Noted(
         "prime's inference servers are the fixed list of base_url (no elastic pool discovery)")] = None
     headers: Annotated[dict[str, str] | None, Noted("prime's client sends only the API key header")] = None
+    headers_from_env: Annotated[dict[str, str] | None, Noted("prime's client sends only the API key header")] = None
     extra_headers_from_state: Annotated[Any, Noted("prime's client sends only the API key header")] = None
     skip_model_check: Annotated[bool, Noted("prime's client checks the servers' health at start")] = False
 
