@@ -168,3 +168,48 @@ def test_trainer_reports_the_teacher_kl_of_the_trained_tokens():
     sums = forward_backward(model, rows, total_loss_tokens=total, world=World(), loss_fn=default_loss,
                             loss_kwargs={"teacher_tau": 1.0})
     assert sums["teacher_kl"] == pytest.approx(expected / count, abs=1e-5), f"seed {seed}"
+
+
+@pytest.fixture(scope="module")
+def tiny_student(tmp_path_factory):
+    import subprocess
+    import sys
+
+    folder = tmp_path_factory.mktemp("student") / "model"
+    subprocess.run([sys.executable, "-m", "prime_core", "model", "tiny", str(folder), "--hidden-size", "32",
+                    "--num-layers", "1"], check=True, capture_output=True)
+    return folder
+
+
+def orchestrator_config(model, *extra: str):
+    from prime_core.cli.common import load_config
+
+    return load_config("orchestrator", ["--model.name", str(model), "--env", '[{"id": "arithmetic"}]',
+                                        "--batch-size", "4", "--rollouts-per-example", "2", *extra])
+
+
+def test_the_mode_decides_who_samples_and_who_scores(installed_plugins, tiny_student):
+    """No server is contacted: the clients are only made. ``sft``: the teacher's servers sample the
+    training rollouts; ``opd``: the student's do and the teacher scores; ``rl``: no teacher."""
+    from prime_core.orchestrator.role import Orchestrator
+
+    teacher = ["--teacher.model.name", str(tiny_student), "--teacher.client.base-url", "http://127.0.0.1:9/v1",
+               "--teacher.client.backend", "vllm"]
+    sft = Orchestrator(orchestrator_config(tiny_student, "--training-mode", "sft", *teacher))
+    assert sft.rollouts is sft.teacher and not sft.config.scores_with_teacher()
+    opd = Orchestrator(orchestrator_config(tiny_student, "--training-mode", "opd", *teacher))
+    assert opd.rollouts is opd.pool and opd.config.scores_with_teacher()
+    assert list(opd.teacher.clients) == ["http://127.0.0.1:9/v1"]
+    rl = Orchestrator(orchestrator_config(tiny_student))
+    assert rl.teacher is None and rl.rollouts is rl.pool
+
+
+def test_a_teacher_backend_that_cannot_score_is_named(installed_plugins, tiny_student):
+    from prime_core.errors import ConfigError
+    from prime_core.orchestrator.role import Orchestrator
+
+    config = orchestrator_config(tiny_student, "--training-mode", "opd", "--teacher.model.name", str(tiny_student),
+                                 "--teacher.client.base-url", "http://127.0.0.1:9/v1",
+                                 "--teacher.client.backend", "transformers")
+    with pytest.raises(ConfigError, match="cannot score given tokens"):
+        Orchestrator(config)

@@ -65,8 +65,9 @@ def _teacher_server(data: dict, teacher: dict) -> dict | None:
     student = data.get("inference")
     student = student if isinstance(student, dict) else {}
     server = copy.deepcopy(student)
-    for key in ("parallel", "lora", "router"):  # one server of its own, serving the teacher's weights
-        server.pop(key, None)
+    parallel = _table(server, "parallel")
+    if parallel is not None:  # one server of the student's replica shape (its tp), not its replica count
+        server["parallel"] = {k: v for k, v in parallel.items() if k != "dp"}
     model = dict(_table(server, "model") or {})
     name = (_table(given, "model") or {}).get("name") or (_table(teacher, "model") or {}).get("name")
     if name is not None:  # another model: the student's tokenizer and template settings are not its own

@@ -500,7 +500,8 @@ def teacher_pool(config, manager) -> ReplicaPool | None:
     if config.scores_with_teacher() and not all(can_score(c) for c in pool.clients.values()):
         raise ConfigError([f"orchestrator.teacher.client.backend: the '{backend.name}' backend's client cannot score "
                            "given tokens (prompt_logprobs), which the teacher of on-policy distillation does; serve "
-                           "the teacher with a backend that can (vllm)"])
+                           "the teacher with a backend whose client has prompt_logprobs (`prime plugins list` shows "
+                           "the installed backends)"])
     print(f"teacher: {teacher.model.name} at {', '.join(teacher.client.base_url)} ({backend.name}; "
           f"{'samples the rollouts' if config.training_mode == 'sft' else 'scores the sampled tokens'})", flush=True)
     return pool
