@@ -121,8 +121,9 @@ def test_on_policy_distillation_with_a_vllm_teacher(tmp_path):
     trainer = [r for r in records if r["role"] == "trainer"]
     orchestrator = [r for r in records if r["role"] == "orchestrator"]
     assert [r["step"] for r in trainer] == list(range(1, steps + 1))
-    assert all(math.isfinite(r["teacher_kl"]) and r["teacher_kl"] != 0 for r in trainer), trainer
-    assert all(r["time/teacher_logprobs"] > 0 for r in orchestrator)
+    kl = [r.get("teacher_kl") for r in trainer]
+    assert all(v is not None and math.isfinite(v) and v != 0 for v in kl), f"teacher_kl per step: {kl}"
+    assert sum(r["time/teacher_logprobs"] for r in orchestrator) > 0
     log = (out / "logs" / "orchestrator.log").read_text()
     assert f"teacher: {teacher} at" in log and "scores the sampled tokens" in log
     plan = json.loads((out / "configs" / "plan.json").read_text())
