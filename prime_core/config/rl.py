@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import AliasChoices, Field, model_validator
 
 from prime_core.bench import BenchConfig
-from prime_core.config.base import NoSecrets, Noted, Section, Toggle
+from prime_core.config.base import NoSecrets, Noted, Section, Toggle, merge_tables
 from prime_core.config.shared import ROLES, CkptConfig, LogConfig, ModelRef, Monitors, WeightBroadcastConfig
 from prime_core.inference.config import InferenceConfig
 from prime_core.launch.config import Deployment, SingleNodeDeployment, infer_deployment_type
@@ -40,16 +40,6 @@ SHARED_KEYS: dict[str, tuple[str, ...]] = {
 LEGACY_DEPLOYMENT_KEYS = ("num_train_nodes", "num_infer_nodes", "gpus_per_node", "nodes_per_fsdp_group")
 # The older docs' single-node `--trainer-gpu-ids 6,7 --inference-gpu-ids 0,1,2,3,4,5`.
 LEGACY_GPU_ID_KEYS = ("trainer_gpu_ids", "inference_gpu_ids")
-
-
-def _merge(base: Any, top: Any) -> Any:
-    """``top`` wins; dicts merge recursively."""
-    if isinstance(base, dict) and isinstance(top, dict):
-        out = dict(base)
-        for k, v in top.items():
-            out[k] = _merge(base[k], v) if k in base else v
-        return out
-    return top
 
 
 class RLConfig(Section):
@@ -122,7 +112,7 @@ class RLConfig(Section):
                     continue  # the schema reports the wrong type
                 value = data[key]
                 if isinstance(value, dict):
-                    section[key] = _merge(value, section.get(key, {}))
+                    section[key] = merge_tables(value, section.get(key, {}))
                 else:
                     section.setdefault(key, value)
                 data[role] = section

@@ -16,6 +16,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from prime_core.config.base import merge_tables
+
 ROLE = "teacher_inference"
 """Its config file (``configs/teacher_inference.json``), log and placement row."""
 
@@ -50,8 +52,6 @@ def point_teacher_at_server(data: dict) -> None:
 def _teacher_server(data: dict, teacher: dict) -> dict | None:
     """The teacher's server config: ``teacher_inference`` over the student's server's keys (its
     model the teacher's, its port after the student's replicas); ``None`` when none is asked for."""
-    from prime_core.config.rl import _merge
-
     deployment = data.get("deployment") if isinstance(data.get("deployment"), dict) else {}
     given = data.get(ROLE)
     given = {} if given is True else given
@@ -80,7 +80,7 @@ def _teacher_server(data: dict, teacher: dict) -> dict | None:
         server["server"] = {**(_table(server, "server") or {}), "port": port}
     except (TypeError, ValueError):
         pass  # the schema reports the bad value
-    return _merge(server, given)
+    return merge_tables(server, given)
 
 
 def _point_at(teacher: dict, server: dict) -> None:
