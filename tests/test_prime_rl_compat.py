@@ -668,7 +668,9 @@ PRIME_RL_KEYS = {
         trainer.scheduler.min_lr trainer.loss.dppo_mask_low tokenizer.name log.json_logging slurm.exclude
         orchestrator.training_mode orchestrator.teacher.model.name orchestrator.teacher.client.base_url
         orchestrator.teacher_model.client.base_url orchestrator.teacher_rollout_model.model.name
-        orchestrator.student.model.name orchestrator.student.client.timeout trainer.loss.teacher_tau
+        orchestrator.student orchestrator.student.model.name orchestrator.student.client.timeout
+        orchestrator.teacher.client.wait_for_ready_timeout orchestrator.teacher.client.headers_from_env
+        trainer.loss.teacher_tau
         teacher_inference.model.name teacher_inference.gpu_memory_utilization deployment.num_teacher_gpus
         deployment.num_teacher_nodes""",
     "sft": """data.name data.splits data.subsets data.type data.seq_len data.micro_batch_size data.loss_mask.user

@@ -25,8 +25,10 @@ class ClientConfig(ApiKeyRef):
     backend: Annotated[str, Selects("inference_backends", skip=("auto",))] = "auto"
     """What serves ``base_url``: its client samples and loads weights. ``auto``: the available
     backend with the highest priority (in ``prime run``: ``inference.backend`` when set)."""
-    health_timeout: float = Field(default=600.0, gt=0)
-    """Seconds to wait for the servers to become healthy at start-up."""
+    health_timeout: float = Field(default=600.0, gt=0,
+                                  validation_alias=AliasChoices("health_timeout", "wait_for_ready_timeout"))
+    """Seconds to wait for the servers to become healthy at start-up (prime-rl 0.6's
+    ``wait_for_ready_timeout``)."""
     router: Annotated[str, Selects("routers")] = "round_robin"
     """Which replica each request goes to: ``round_robin``, ``least_outstanding``,
     ``consistent_hash`` (a rollout's turns on one replica), or a router plugin's."""
@@ -388,8 +390,7 @@ class OrchestratorConfig(Section):
     teacher: TeacherConfig | None = Field(default=None, validation_alias=AliasChoices("teacher", "teacher_model"))
     """The teacher (``[orchestrator.teacher]``; 0.5's ``teacher_model``): its model and server."""
 
-    prime_rl_keys: ClassVar[tuple[str, ...]] = ("train.env", "train.sampling", "student.model", "student.client",
-                                                "teacher_rollout_model")
+    prime_rl_keys: ClassVar[tuple[str, ...]] = ("train.env", "train.sampling", "student", "teacher_rollout_model")
 
     # prime-rl's orchestrator keys for parts prime does its own way.
     strict_async_level: Annotated[bool, Noted(
