@@ -59,6 +59,8 @@ class Replica:
 class ReplicaPool:
     def __init__(self, config, make_client, router_spec, *, router_key: str = "orchestrator.client.router") -> None:
         self.config = config
+        self.key = router_key.rsplit(".", 1)[0]
+        """Where ``config`` sits (``orchestrator.client``, ``orchestrator.teacher.client``), for messages."""
         sampling = list(dict.fromkeys(config.base_url))
         engines = list(dict.fromkeys(config.admin_base_url or config.base_url))
         self.replicas = {url: Replica(url, make_client(url), sampling=url in sampling, engine=url in engines)
@@ -94,7 +96,7 @@ class ReplicaPool:
                 if time.monotonic() > deadline:
                     raise PrimeError(
                         f"inference server at {url} did not become healthy within {timeout:.0f} s "
-                        "(orchestrator.client.health_timeout)",
+                        f"({self.key}.health_timeout)",
                         hint="check the inference log under output_dir/logs/",
                     )
                 time.sleep(1.0)
@@ -134,8 +136,8 @@ class ReplicaPool:
             url = self.router.pick(request, exclude=exclude)
             replica = self.replicas.get(url)
             if replica is None or not replica.sampling or url in exclude:
-                raise PrimeError(f"orchestrator.client.router = '{self.router_name}' picked {url!r}, which is "
-                                 + ("not in orchestrator.client.base_url "
+                raise PrimeError(f"{self.key}.router = '{self.router_name}' picked {url!r}, which is "
+                                 + (f"not in {self.key}.base_url "
                                     f"({', '.join(r.url for r in self.sampling)})" if replica is None
                                     or not replica.sampling else "down or already failed for this request"))
             start, ok = time.perf_counter(), False
@@ -181,14 +183,14 @@ class ReplicaPool:
         replica.up = False
         if self.config.on_replica_failure == "stop":
             raise PrimeError(f"inference replica {replica.url} stopped answering its health check "
-                             "(orchestrator.client.on_replica_failure = 'stop')",
+                             f"({self.key}.on_replica_failure = 'stop')",
                              hint="see its log under output_dir/logs/; on_replica_failure = 'continue' goes on "
                                   "with the other replicas")
         if not self.up(self.sampling) or not self.up(self.engines):
             raise self._none_left()
         print(f"warning: inference replica {replica.url} stopped answering its health check: going on with "
               f"{len(self.up(self.engines))} of {len(self.engines)} replica(s) "
-              "(orchestrator.client.on_replica_failure = 'continue')", flush=True)
+              f"({self.key}.on_replica_failure = 'continue')", flush=True)
 
     async def _back(self, replica: Replica) -> None:
         if self.on_back is not None:
