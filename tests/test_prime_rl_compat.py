@@ -3,8 +3,9 @@
 Every config block of the seeds, and configs in prime-rl's 0.5 / 0.6 layout written here (one per
 key family: [wandb], the 0.6 layout, SFT data, vLLM options, checkpoint keys, orchestrator
 scheduling, renames and optimizers, distillation: training modes and the teacher), go through
-``prime config validate`` and ``--dry-run``, and the resolved configs the dry run writes are checked value by value. prime-rl's own example
-configs are measured by ``scripts/prime_rl_configs.py`` (it needs a prime-rl checkout).
+``prime config validate`` and ``--dry-run``, and the resolved configs the dry run writes are
+checked value by value. prime-rl's own example configs are measured by
+``scripts/prime_rl_configs.py`` (it needs a prime-rl checkout).
 """
 
 from __future__ import annotations
