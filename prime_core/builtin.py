@@ -95,5 +95,8 @@ def prime_algorithms():
         Algorithm(name="grpo", kind="advantage", fn="prime_core.algorithms:grpo_advantages",
                   description="r - mean(r) within each group"),
         Algorithm(name="default", kind="loss", fn="prime_core.algorithms:default_loss",
-                  description="importance ratio vs inference logprobs, probability-difference masking, KL term"),
+                  description="importance ratio vs inference logprobs, probability-difference masking, KL term "
+                              "(with teacher logprobs: teacher_tau x the teacher's log-ratio in the advantage)"),
+        Algorithm(name="sft", kind="loss", fn="prime_core.algorithms:sft_loss",
+                  description="negative log-likelihood of the sampled tokens (hard distillation)"),
     ]

@@ -342,6 +342,12 @@ class InferenceBackend(Spec):
       old adapters); requests already running may finish on the previous weights. Returns a
       few words for the log (``"LoRA adapter <name>"``), or ``None``.
     - ``async close()``: release connections; called once, last (also after errors).
+    - optionally ``async prompt_logprobs(token_ids: list[int]) -> list[float]``: the
+      log-probability of each of ``token_ids`` given the ones before it, under the served model
+      at temperature 1 (no sampling: a prefill), one per token, ``0.0`` for the first (it has no
+      context). A teacher's server is asked this for the student's tokens (on-policy
+      distillation, ``orchestrator.training_mode = "opd"``); a backend without it cannot serve a
+      teacher.
     - optionally ``async requests_served() -> float | None``: how many sampling requests the
       server answered since it started (``None``: unknown); with a router in front of the
       engines (``orchestrator.client.admin_base_url``), the orchestrator counts requests per

@@ -27,7 +27,7 @@ from prime_core.orchestrator.batch import (
     wait_for_batch,
     write_batch,
 )
-from prime_core.orchestrator.batch_format import ARRAYS, FORMATS
+from prime_core.orchestrator.batch_format import ARRAYS, FORMATS, OPTIONAL
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,9 @@ def rng():
 
 
 def expected(row) -> dict:
-    return {f.name: np.asarray(getattr(row, f.name), dtype=ARRAYS[f.name]) for f in fields(row)}
+    dtypes = {**ARRAYS, **OPTIONAL}
+    return {f.name: np.asarray(getattr(row, f.name), dtype=dtypes[f.name]) for f in fields(row)
+            if getattr(row, f.name) is not None}
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
@@ -82,6 +84,22 @@ def test_a_batch_reads_back_exactly_as_packed(fmt, rng, tmp_path):
             assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key]), key
         # the multi-turn masks: trained exactly where the policy sampled, advantages only there
         assert np.array_equal(got["advantages"] != 0, (got["loss_mask"] == 1) & (want["advantages"] != 0))
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_teacher_logprobs_and_the_training_mode_round_trip(fmt, rng, tmp_path):
+    samples = random_samples(rng, 30)
+    for sample in samples[::3]:  # a teacher scored a third of them: rows with and rows without
+        sample.teacher_logprobs = np.float32([-rng.expovariate(1.0) for _ in sample.completion_ids]).tolist()
+    rows = pack(samples, seq_len=128)
+    assert any(r.teacher_logprobs is None for r in rows) and any(r.teacher_logprobs is not None for r in rows)
+    batch = read_batch(write_batch(tmp_path, 2, rows, temperature=1.0, info={}, training_mode="opd", format=fmt))
+    assert batch["training_mode"] == "opd"
+    for got, row in zip(batch["micro_batches"], rows, strict=True):
+        want = expected(row)
+        assert set(got) == set(want), "teacher_logprobs exactly on the rows that have them"
+        for key in want:
+            assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key]), key
 
 
 def test_both_formats_read_the_same(rng, tmp_path):

@@ -2,9 +2,10 @@
 
 Every config block of the seeds, and configs in prime-rl's 0.5 / 0.6 layout written here (one per
 key family: [wandb], the 0.6 layout, SFT data, vLLM options, checkpoint keys, orchestrator
-scheduling, renames and optimizers), go through ``prime config validate`` and ``--dry-run``, and
-the resolved configs the dry run writes are checked value by value. prime-rl's own example
-configs are measured by ``scripts/prime_rl_configs.py`` (it needs a prime-rl checkout).
+scheduling, renames and optimizers, distillation: training modes and the teacher), go through
+``prime config validate`` and ``--dry-run``, and the resolved configs the dry run writes are
+checked value by value. prime-rl's own example configs are measured by
+``scripts/prime_rl_configs.py`` (it needs a prime-rl checkout).
 """
 
 from __future__ import annotations
@@ -405,6 +406,101 @@ id = "reverse-text"
     assert configs["trainer"]["optim"]["type"] == "sign_sgd"
 
 
+def test_distillation_training_modes_and_teacher(prime_cli, dense_model, tmp_path):
+    """0.6: training_mode and [orchestrator.teacher] (a server the user runs), [orchestrator.student];
+    0.5: teacher_tau with deployment.num_teacher_gpus / [teacher_inference] (prime starts the teacher,
+    placed after the trainer) and teacher_rollout_model (hard distillation)."""
+    from prime_core.testing import config_only_model
+
+    teacher = config_only_model(tmp_path / "teacher", model_type="qwen3", num_hidden_layers=2, hidden_size=64,
+                                num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                                vocab_size=300)
+    opd = write(tmp_path / "opd.toml", base(dense_model) + f"""
+[orchestrator]
+training_mode = "opd"
+
+[orchestrator.student.client]
+timeout = 120
+
+[[orchestrator.train.env]]
+id = "reverse-text"
+
+[orchestrator.teacher.model]
+name = "{teacher}"
+
+[orchestrator.teacher.client]
+base_url = ["http://localhost:8101/v1"]
+""")
+    configs, said = validate_and_dry_run(prime_cli, tmp_path / "opd", opd)
+    orchestrator = configs["orchestrator"]
+    assert orchestrator["training_mode"] == "opd" and orchestrator["client"]["timeout"] == 120
+    assert orchestrator["teacher"]["model"]["name"] == str(teacher)
+    assert orchestrator["teacher"]["client"]["base_url"] == ["http://localhost:8101/v1"]
+    assert "teacher_inference" not in configs, "0.6: a teacher server the user runs, none started"
+
+    old = write(tmp_path / "old.toml", base(dense_model) + f"""
+[deployment]
+num_teacher_gpus = 1
+
+[teacher_inference.model]
+name = "{teacher}"
+
+[trainer.loss]
+teacher_tau = 0.5
+adv_tau = 0.0
+
+[[orchestrator.env]]
+id = "reverse-text"
+""")
+    configs, said = validate_and_dry_run(prime_cli, tmp_path / "old", old)
+    assert configs["trainer"]["loss"]["kwargs"] == {"teacher_tau": 0.5, "adv_tau": 0.0}
+    server, student = configs["teacher_inference"], configs["inference"]
+    assert server["model"]["name"] == str(teacher) and server["server"]["port"] == student["server"]["port"] + 1
+    url = f"http://127.0.0.1:{student['server']['port'] + 1}/v1"
+    assert configs["orchestrator"]["teacher"]["client"]["base_url"] == [url]
+    assert configs["orchestrator"]["training_mode"] == "rl"
+    plan = json.loads((tmp_path / "old" / "configs" / "plan.json").read_text())
+    assert [row["role"] for row in plan["placement"]][-2:] == ["trainer", "teacher_inference"]
+    assert any(c.startswith("prime inference") and c.endswith("teacher_inference.json") for c in plan["commands"])
+
+    hard = write(tmp_path / "hard.toml", base(dense_model) + f"""
+[trainer.loss]
+type = "sft"
+
+[orchestrator]
+use_token_client = false
+
+[orchestrator.teacher_rollout_model.client]
+base_url = ["http://localhost:8102/v1"]
+
+[orchestrator.teacher_rollout_model.model]
+name = "{teacher}"
+
+[[orchestrator.env]]
+id = "reverse-text"
+""")
+    configs, said = validate_and_dry_run(prime_cli, tmp_path / "hard", hard)
+    assert configs["orchestrator"]["training_mode"] == "sft" and configs["trainer"]["loss"]["type"] == "sft"
+    assert configs["orchestrator"]["teacher"]["client"]["base_url"] == ["http://localhost:8102/v1"]
+
+
+def test_distillation_mistakes_are_named(prime_cli, dense_model, tmp_path):
+    for text, message in [
+        ('[orchestrator]\ntraining_mode = "opd"\n', "training_mode = 'opd' (on-policy distillation) needs a teacher"),
+        ('[orchestrator.teacher.client]\nbase_url = ["http://localhost:8101/v1"]\n', "the teacher has no model"),
+        ('[orchestrator]\ntraining_mode = "opd"\n[orchestrator.teacher.model]\nname = "t"\n',
+         "the teacher has no server"),
+        ("[trainer.loss]\nteacher_tau = 0.5\n", "trainer.loss.teacher_tau = 0.5 needs a teacher"),
+        ('[orchestrator.teacher.model]\nname = "t"\n[orchestrator.teacher.client]\nbase_url = "http://h:1/v1"\n',
+         "training_mode = 'rl' with trainer.loss.teacher_tau = 0 does not use it"),
+        ('[orchestrator]\ntraining_mode = "opd"\n[teacher_inference.server]\nport = 8000\n',
+         "is a port of the student's inference servers"),
+    ]:
+        config = write(tmp_path / "bad.toml", base(dense_model) + text + '[[orchestrator.env]]\nid = "reverse-text"\n')
+        code, said = run(prime_cli, "config", "validate", config)
+        assert code == 2 and message in said and "Traceback" not in said, (message, said)
+
+
 def test_the_newer_layout_gets_one_message(prime_cli, tmp_path):
     config = write(tmp_path / "rl.toml", """
 [monitors.wandb]
@@ -570,7 +666,14 @@ PRIME_RL_KEYS = {
         orchestrator.buffer.online_difficulty_filtering orchestrator.buffer.easy_threshold
         orchestrator.pre_batch_filters.enforce orchestrator.filters.window max_async_level clean_output_dir
         trainer.model.seq_len trainer.optim.mu trainer.optim.betas1 trainer.dist_timeout_seconds
-        trainer.scheduler.min_lr trainer.loss.dppo_mask_low tokenizer.name log.json_logging slurm.exclude""",
+        trainer.scheduler.min_lr trainer.loss.dppo_mask_low tokenizer.name log.json_logging slurm.exclude
+        orchestrator.training_mode orchestrator.teacher.model.name orchestrator.teacher.client.base_url
+        orchestrator.teacher_model.client.base_url orchestrator.teacher_rollout_model.model.name
+        orchestrator.student orchestrator.student.model.name orchestrator.student.client.timeout
+        orchestrator.teacher.client.wait_for_ready_timeout orchestrator.teacher.client.headers_from_env
+        trainer.loss.teacher_tau
+        teacher_inference.model.name teacher_inference.gpu_memory_utilization deployment.num_teacher_gpus
+        deployment.num_teacher_nodes""",
     "sft": """data.name data.splits data.subsets data.type data.seq_len data.micro_batch_size data.loss_mask.user
         ckpt.resume_step model.seq_len optim.betas2 deployment.nodes_per_fsdp_group wandb.project""",
 }

@@ -32,7 +32,8 @@ def launch(root: str, tokens: list[str]) -> int:
     console = Console(highlight=False)
     paths = role_config_paths(config, config.output_dir, root)
     if getattr(config, "bench", None):  # the trainer benchmarks on fake data; nothing else is needed
-        paths = {role: path for role, path in paths.items() if role not in ("inference", "orchestrator")}
+        paths = {role: path for role, path in paths.items()
+                 if role not in ("inference", "orchestrator", "teacher_inference")}
     try:
         launcher = manager.select("launchers", resolve_launcher(config, manager), key="launcher")
     except PrimeError:
@@ -40,6 +41,13 @@ def launch(root: str, tokens: list[str]) -> int:
     plan = None
     if launcher is not None:
         plan = launcher.plan(config, output_dir=config.output_dir, configs=paths, root=root)
+    if plan is not None and "teacher_inference" in paths and not any(
+            p.role == "teacher_inference" for p in plan.processes):
+        problems = [*problems, f"teacher_inference: the '{plan.launcher}' launcher does not start a teacher server; "
+                               "run the teacher yourself and set orchestrator.teacher.client.base_url (without "
+                               "teacher_inference), or use the local launcher"]
+        if not dry_run:
+            raise ConfigError(problems, source="this run cannot start")
     if plan is not None and plan.script is None:  # the roles run on this machine, with its model cache
         here = hub_problems(config)
         if here and not dry_run:

@@ -65,6 +65,16 @@ class Section(BaseModel):
         return out
 
 
+def merge_tables(base: Any, top: Any) -> Any:
+    """``top`` wins; dicts merge recursively."""
+    if isinstance(base, dict) and isinstance(top, dict):
+        out = dict(base)
+        for k, v in top.items():
+            out[k] = merge_tables(base[k], v) if k in base else v
+        return out
+    return top
+
+
 def _toggle(value: Any) -> Any:
     # prime-rl's convention: `[trainer.model.compile]` (an empty table), `--trainer.model.compile`
     # (true) turn an optional section on with its defaults; false / "None" turn it off.

@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import AliasChoices, Field, model_validator
 
 from prime_core.bench import BenchConfig
-from prime_core.config.base import NoSecrets, Noted, Section, Toggle
+from prime_core.config.base import NoSecrets, Noted, Section, Toggle, merge_tables
 from prime_core.config.shared import ROLES, CkptConfig, LogConfig, ModelRef, Monitors, WeightBroadcastConfig
 from prime_core.inference.config import InferenceConfig
 from prime_core.launch.config import Deployment, SingleNodeDeployment, infer_deployment_type
@@ -42,16 +42,6 @@ LEGACY_DEPLOYMENT_KEYS = ("num_train_nodes", "num_infer_nodes", "gpus_per_node",
 LEGACY_GPU_ID_KEYS = ("trainer_gpu_ids", "inference_gpu_ids")
 
 
-def _merge(base: Any, top: Any) -> Any:
-    """``top`` wins; dicts merge recursively."""
-    if isinstance(base, dict) and isinstance(top, dict):
-        out = dict(base)
-        for k, v in top.items():
-            out[k] = _merge(base[k], v) if k in base else v
-        return out
-    return top
-
-
 class RLConfig(Section):
     """``prime run``: inference, orchestrator and trainer, placed by a launcher."""
 
@@ -70,6 +60,10 @@ class RLConfig(Section):
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     inference: Toggle[InferenceConfig] = Field(default_factory=InferenceConfig)
     """The inference server to start; ``None`` when you run your own (set orchestrator.client)."""
+    teacher_inference: Toggle[InferenceConfig] = None
+    """A teacher's server to start as well (prime-rl 0.5's key; ``deployment.num_teacher_gpus``
+    turns it on too): its keys default to ``inference``'s, its port follows the student's
+    servers, and ``orchestrator.teacher`` talks to it (``prime_core.config.teacher``)."""
     deployment: Annotated[Deployment, infer_deployment_type] = Field(default_factory=SingleNodeDeployment)
 
     launcher: str = "auto"
@@ -91,6 +85,9 @@ class RLConfig(Section):
     """Plugin names that must be installed and active, e.g. ``["deepep"]``."""
 
     shared_keys: ClassVar[dict[str, tuple[str, ...]]] = SHARED_KEYS
+    mirrors: ClassVar[dict[str, str]] = {"teacher_inference": "inference"}
+    """Fields of the same section as another: plugins' keys mounted on ``inference`` are
+    ``teacher_inference``'s too (``prime_core.config.schema.build_schema``)."""
     prime_rl_keys: ClassVar[tuple[str, ...]] = ("max_async_level", "max_model_len", "tokenizer")
     """Top-level keys copied into the roles (plugins' sections with ``roles`` add theirs)."""
 
@@ -115,17 +112,22 @@ class RLConfig(Section):
                     continue  # the schema reports the wrong type
                 value = data[key]
                 if isinstance(value, dict):
-                    section[key] = _merge(value, section.get(key, {}))
+                    section[key] = merge_tables(value, section.get(key, {}))
                 else:
                     section.setdefault(key, value)
                 data[role] = section
         _replicas_from_deployment(data)
         _point_client_at_server(data)
+        from prime_core.config.teacher import point_teacher_at_server
+
+        point_teacher_at_server(data)
         return data
 
     def problems(self) -> list[str]:
         """Keys that contradict each other (checked once the config is valid; ``config.load``)."""
-        problems = clean_and_resume(self)
+        from prime_core.config import teacher
+
+        problems = clean_and_resume(self) + teacher.problems(self)
         inference, sampling = self.inference, self.orchestrator.sampling
         limit = inference.model.max_model_len if inference is not None else None
         if limit is not None and sampling.max_tokens is not None and sampling.max_tokens >= limit:

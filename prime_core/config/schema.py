@@ -65,6 +65,11 @@ def build_schema(root: str, sections: list[tuple[ConfigSection, str]]) -> type[B
         cls = _mount(cls, path.split("."), section, provider, owners, prefix="")
         if root == "rl" and "." not in path and section.roles:
             cls.shared_keys = {**cls.shared_keys, path: tuple(section.roles)}
+    for name, source in getattr(cls, "mirrors", {}).items():  # the same section, plugins' keys included
+        extended = _model_in(cls, source, source, "prime-core")
+        original = _model_in(BASE_ROOTS[root], source, source, "prime-core")
+        if extended is not original:
+            cls = _replace_field(cls, name, original, extended)
     return cls
 
 

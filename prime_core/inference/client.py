@@ -83,3 +83,9 @@ class InferenceClient(Protocol):
     async def load_weights(self, step: int, path: str) -> str | None: ...
 
     async def close(self) -> None: ...
+
+
+def can_score(client) -> bool:
+    """Whether the client can score given tokens (``prompt_logprobs``: an optional call, which a
+    teacher server's backend needs for on-policy distillation)."""
+    return callable(getattr(client, "prompt_logprobs", None))

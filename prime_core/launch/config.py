@@ -60,6 +60,10 @@ class SingleNodeDeployment(Section):
     """Exact GPUs for the trainer (``--trainer-gpu-ids``); their count sets ``num_train_gpus``."""
     num_infer_replicas: int | None = Field(default=None, ge=1)
     """Inference replicas (prime-rl's key): sets ``inference.parallel.dp``."""
+    num_teacher_gpus: int | None = Field(default=None, ge=0)
+    """GPUs of the teacher's server (prime-rl 0.5): the last ones, after the trainer's; set, it
+    starts a teacher server (``teacher_inference``). Unset with ``teacher_inference``: its
+    ``parallel.tp``."""
     gpus_per_node: int = Field(default=8, ge=1)
     """GPUs of the machine: the roles' GPUs must fit in it."""
 
@@ -77,10 +81,11 @@ class SingleNodeDeployment(Section):
                                  f"leave {count_key} out, or make them agree")
             object.__setattr__(self, count_key, len(ids))
         if self.inference_gpu_ids is None and self.trainer_gpu_ids is None:
-            total = self.num_train_gpus + self.num_infer_gpus
+            total = self.num_train_gpus + self.num_infer_gpus + (self.num_teacher_gpus or 0)
             if "gpus_per_node" in self.model_fields_set and total > self.gpus_per_node:
-                raise ValueError(f"num_train_gpus + num_infer_gpus = {total} GPUs do not fit in gpus_per_node = "
-                                 f"{self.gpus_per_node}")
+                teacher = " + num_teacher_gpus" if self.num_teacher_gpus else ""
+                raise ValueError(f"num_train_gpus + num_infer_gpus{teacher} = {total} GPUs do not fit in "
+                                 f"gpus_per_node = {self.gpus_per_node}")
         return self
 
 
@@ -93,6 +98,9 @@ class MultiNodeDeployment(Section):
     gpus_per_node: int = Field(default=8, ge=1)
     nodes_per_fsdp_group: int | None = Field(default=None, ge=1)
     """Train nodes per FSDP island; sets ``trainer.model.dp_replicate``."""
+    num_teacher_nodes: int | None = Field(default=None, ge=0)
+    """prime-rl 0.5's teacher nodes: refused, as prime-rl did (a teacher server you run yourself:
+    ``orchestrator.teacher.client.base_url``)."""
     num_infer_replicas: int | None = Field(default=None, ge=1)
     """Inference replicas over all inference nodes (prime-rl's key): each node runs
     ``num_infer_replicas / num_infer_nodes`` of them, which sets ``inference.parallel.dp``."""

@@ -24,6 +24,10 @@ from pydantic import BaseModel
 from prime_core.config.shared import ROLES
 from prime_core.run_dir import atomic_write_text
 
+TEACHER = "teacher_inference"
+"""The teacher's server of an RL run (``prime_core.config.teacher``): ``prime inference`` on
+``configs/teacher_inference.json``, a service like the student's servers."""
+
 ROLE_PROCESS_ENV = "PRIME_ROLE_PROCESS"
 """Set to ``1`` in every process a launcher starts: run the role, do not launch again."""
 
@@ -113,7 +117,7 @@ def role_config_paths(config: BaseModel, output_dir: Path, root: str = "rl") -> 
     configs = Path(output_dir) / "configs"
     paths = {root: configs / f"{root}.json"}
     if root == "rl":
-        paths.update({role: configs / f"{role}.json" for role in ROLES
+        paths.update({role: configs / f"{role}.json" for role in (*ROLES, TEACHER)
                       if isinstance(getattr(config, role, None), BaseModel)})
     return paths
 
@@ -134,6 +138,16 @@ def write_role_configs(config: BaseModel, output_dir: Path, root: str = "rl") ->
         if name == "inference":
             write_replicas(data, path)
     return paths
+
+
+def teacher_process(config: BaseModel, configs: dict[str, Path], logs: Path, env: dict[str, str]) -> RoleProcess | None:
+    """The teacher's server of an RL run, when it has one: ``prime inference`` on its own config
+    file, a service (stopped when the others finish) whose end stops the run."""
+    server = getattr(config, TEACHER, None)
+    if server is None or TEACHER not in configs:
+        return None
+    return RoleProcess(role=TEACHER, command=role_command("inference", configs[TEACHER]), config=configs[TEACHER],
+                       log=logs / f"{TEACHER}.log", env=env, service=True, port=server.server.port)
 
 
 def plugin_services(config: BaseModel, root: str, configs: dict[str, Path]) -> list[RoleProcess]:

@@ -7,7 +7,8 @@ block-diagonal attention mask so samples never attend to each other. Per-token a
 aligned with ``input_ids``: ``loss_mask[t]`` says whether token ``t`` is trained on (a token
 the policy sampled: in a multi-turn sample the environment's and tools' turns between model
 turns have mask 0), ``inference_logprobs[t]`` is the sampler's log-probability of token ``t``
-and ``advantages[t]`` its advantage.
+and ``advantages[t]`` its advantage; ``teacher_logprobs[t]`` (on-policy distillation) the teacher's
+log-probability of token ``t``.
 
 Step files live at ``output_dir/rollouts/step_N/``: ``batch.safetensors`` (typed arrays, the
 default) or ``batch.json`` (``orchestrator.batch_format = "json"``, for debugging), written
@@ -38,6 +39,9 @@ class TrainingSample:
     completion_mask: list[int] | None = None
     """Per completion token, 1 where the policy sampled it, 0 for environment and tool turns
     of a multi-turn trajectory; ``None``: every completion token was sampled."""
+    teacher_logprobs: list[float] | None = None
+    """Per completion token, the teacher's log-probability of it (on-policy distillation), 0.0
+    where the policy did not sample it (mask 0); ``None``: no teacher scored it."""
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
@@ -54,9 +58,19 @@ class MicroBatch:
     loss_mask: list[int] = field(default_factory=list)
     advantages: list[float] = field(default_factory=list)
     inference_logprobs: list[float] = field(default_factory=list)
+    teacher_logprobs: list[float] | None = None
+    """The teacher's log-probability of each token (0.0 where the loss mask is 0, and for
+    samples no teacher scored); ``None`` when no sample of the row has them."""
 
     def add(self, sample: TrainingSample) -> None:
         n_prompt, n_completion = len(sample.prompt_ids), len(sample.completion_ids)
+        if sample.teacher_logprobs is not None and self.teacher_logprobs is None:
+            self.teacher_logprobs = [0.0] * len(self.input_ids)
+        if self.teacher_logprobs is not None:
+            teacher = sample.teacher_logprobs or [0.0] * n_completion
+            # Only sampled tokens (mask 1) carry a teacher term: env and tool turns are not the policy's.
+            self.teacher_logprobs += [0.0] * n_prompt + [t if m else 0.0 for t, m in zip(teacher, sample.mask,
+                                                                                         strict=True)]
         self.input_ids += sample.prompt_ids + sample.completion_ids
         self.position_ids += list(range(n_prompt + n_completion))
         mask = sample.mask
@@ -75,9 +89,10 @@ def pack(samples: list[TrainingSample], seq_len: int) -> list[MicroBatch]:
     for sample in sorted(samples, key=len, reverse=True):
         if len(sample) > seq_len:
             keep = max(0, seq_len - len(sample.prompt_ids))
+            teacher = sample.teacher_logprobs[:keep] if sample.teacher_logprobs is not None else None
             sample = TrainingSample(sample.prompt_ids[:seq_len], sample.completion_ids[:keep],
                                     sample.completion_logprobs[:keep], sample.advantage, sample.reward,
-                                    sample.version, sample.env, sample.mask[:keep])
+                                    sample.version, sample.env, sample.mask[:keep], teacher)
         for row in rows:
             if len(row) + len(sample) <= seq_len:
                 row.add(sample)
@@ -94,8 +109,10 @@ def rollout_dir(output_dir: Path, step: int) -> Path:
 
 
 def write_batch(output_dir: Path, step: int, micro_batches: list[MicroBatch], *, temperature: float,
-                info: dict, format: str = "binary") -> Path:
-    """Write the batch of ``step`` atomically in ``format`` (``binary`` or ``json``)."""
+                info: dict, training_mode: str = "rl", format: str = "binary") -> Path:
+    """Write the batch of ``step`` atomically in ``format`` (``binary`` or ``json``).
+    ``training_mode`` (prime-rl 0.6's, ``orchestrator.training_mode``) tells the trainer which
+    loss the batch is for (``prime_core.trainer.modes``)."""
     from prime_core.orchestrator.batch_format import FORMATS
 
     chosen = FORMATS[format]
@@ -104,7 +121,8 @@ def write_batch(output_dir: Path, step: int, micro_batches: list[MicroBatch], *,
         if other is not chosen:
             (folder / other.filename).unlink(missing_ok=True)
     path = folder / chosen.filename
-    atomic_write_bytes(path, chosen.encode({"step": step, "temperature": temperature, "info": info}, micro_batches))
+    header = {"step": step, "temperature": temperature, "info": info, "training_mode": training_mode}
+    atomic_write_bytes(path, chosen.encode(header, micro_batches))
     return path
 
 

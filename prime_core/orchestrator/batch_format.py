@@ -6,9 +6,11 @@ is one flat typed array, every packed row's tokens back to back (``input_ids`` i
 ``loss_mask`` uint8, ``advantages`` and ``inference_logprobs`` float32), and ``row_lengths``
 (int64) says where each row ends. Position ids as ``pack`` makes them (0, 1, ... in each
 sample) are stored as ``sample_lengths`` (int64, one per sample) and rebuilt on reading; any
-other position ids are stored as they are (``position_ids``, int32). The safetensors header's
-metadata holds a small JSON object: ``step``, ``temperature``, ``info`` and a CRC-32 of each
-array, so a damaged file is refused rather than trained on. float32 is what the trainer
+other position ids are stored as they are (``position_ids``, int32). The teacher's log-probabilities
+(on-policy distillation) are stored only for the rows that carry them (``teacher_logprobs``,
+float32, with ``teacher_logprobs_rows`` marking those rows). The safetensors header's
+metadata holds a small JSON object: ``step``, ``temperature``, ``info``, ``training_mode`` and a
+CRC-32 of each array, so a damaged file is refused rather than trained on. float32 is what the trainer
 computes in, so the trainer sees the same numbers as from JSON. At 512 samples of 16k tokens
 this is several times smaller and over ten times faster to write and read than JSON text
 (``benchmarks/batch_format_bench.py``).
@@ -44,6 +46,11 @@ ARRAYS: dict[str, Any] = {
     "inference_logprobs": np.float32,
 }
 """The per-token fields of a packed row (``MicroBatch``) and the dtype each is stored and read as."""
+OPTIONAL: dict[str, Any] = {"teacher_logprobs": np.float32}
+"""Per-token fields a row may lack (``None`` in ``MicroBatch``): stored for the rows that have
+them, with ``<name>_rows`` (uint8, one per row) saying which rows those are."""
+HEADER = ("step", "temperature", "info", "training_mode")
+"""The batch's fields besides its rows (``training_mode`` is absent from batches of older prime)."""
 
 MAGIC = "prime-step-batch"
 VERSION = 1
@@ -58,7 +65,7 @@ class BatchFormat:
     name: str
     filename: str
     encode: Callable[[dict, list], bytes]
-    """``encode(header, rows)``: ``header`` is ``{"step", "temperature", "info"}``, ``rows`` the
+    """``encode(header, rows)``: ``header`` holds the ``HEADER`` fields, ``rows`` the
     packed ``MicroBatch``es (or dicts with their fields)."""
     decode: Callable[[bytes], dict]
     """The file's bytes -> ``{**header, "micro_batches": [{field: array}, ...]}``; raises
@@ -110,6 +117,13 @@ def encode_binary(header: dict, rows: list) -> bytes:
     for key, values in arrays.items():
         if len(values) != (len(rows) if key == "row_lengths" else int(arrays["row_lengths"].sum())):
             raise ValueError(f"a packed row's {key} is not as long as its input_ids")
+    for key, dtype in OPTIONAL.items():
+        present = np.array([r.get(key) is not None for r in rows], dtype=np.uint8)
+        if present.any():
+            having = [r for r in rows if r.get(key) is not None]
+            if any(len(r[key]) != len(r["input_ids"]) for r in having):
+                raise ValueError(f"a packed row's {key} is not as long as its input_ids")
+            arrays[key], arrays[f"{key}_rows"] = _flat(having, key, dtype), present
     # Packed rows' position ids only count up from 0 in each sample: the samples' lengths say
     # the same in a few bytes per sample instead of four per token.
     lengths = _sample_lengths(arrays["position_ids"], arrays["row_lengths"])
@@ -138,6 +152,9 @@ def decode_binary(data: bytes) -> dict:
     if "position_ids" not in arrays:
         del expected["position_ids"]
         expected["sample_lengths"] = np.int64
+    for key, dtype in OPTIONAL.items():
+        if f"{key}_rows" in arrays:
+            expected.update({key: dtype, f"{key}_rows": np.uint8})
     for key, dtype in expected.items():
         if key not in arrays:
             raise BatchFileError(f"the array {key!r} is missing")
@@ -158,7 +175,16 @@ def decode_binary(data: bytes) -> dict:
     ends = np.cumsum(lengths)[:-1]
     split = {key: np.split(arrays[key], ends) if len(lengths) else [] for key in ARRAYS}
     rows = [{key: split[key][i] for key in ARRAYS} for i in range(len(lengths))]
-    return {"step": meta["step"], "temperature": meta["temperature"], "info": meta["info"], "micro_batches": rows}
+    for key in OPTIONAL:
+        if f"{key}_rows" not in arrays:
+            continue
+        present = arrays[f"{key}_rows"].astype(bool)
+        having = lengths[present]
+        if len(present) != len(rows) or len(arrays[key]) != int(having.sum()):
+            raise BatchFileError(f"{key} does not fit the rows that say they have it")
+        for i, values in zip(np.flatnonzero(present), np.split(arrays[key], np.cumsum(having)[:-1]), strict=True):
+            rows[i][key] = values
+    return {**{key: meta[key] for key in HEADER if key in meta}, "micro_batches": rows}
 
 
 def _metadata(data: bytes) -> dict:
@@ -189,13 +215,14 @@ def decode_json(data: bytes) -> dict:
     for i, row in enumerate(payload["micro_batches"]):
         try:
             arrays = {key: np.asarray(row[key], dtype=dtype) for key, dtype in ARRAYS.items()}
+            arrays.update({key: np.asarray(row[key], dtype=dtype) for key, dtype in OPTIONAL.items()
+                           if row.get(key) is not None})
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise BatchFileError(f"micro_batches[{i}] is not a packed row ({type(exc).__name__}: {exc})") from None
         if any(a.ndim != 1 or len(a) != len(arrays["input_ids"]) for a in arrays.values()):
             raise BatchFileError(f"micro_batches[{i}]: its fields are not all as long as its input_ids")
         rows.append(arrays)
-    return {"step": payload.get("step"), "temperature": payload.get("temperature"), "info": payload.get("info", {}),
-            "micro_batches": rows}
+    return {"info": {}, **{key: payload[key] for key in HEADER if key in payload}, "micro_batches": rows}
 
 
 FORMATS: dict[str, BatchFormat] = {

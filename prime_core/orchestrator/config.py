@@ -25,8 +25,10 @@ class ClientConfig(ApiKeyRef):
     backend: Annotated[str, Selects("inference_backends", skip=("auto",))] = "auto"
     """What serves ``base_url``: its client samples and loads weights. ``auto``: the available
     backend with the highest priority (in ``prime run``: ``inference.backend`` when set)."""
-    health_timeout: float = Field(default=600.0, gt=0)
-    """Seconds to wait for the servers to become healthy at start-up."""
+    health_timeout: float = Field(default=600.0, gt=0,
+                                  validation_alias=AliasChoices("health_timeout", "wait_for_ready_timeout"))
+    """Seconds to wait for the servers to become healthy at start-up (prime-rl 0.6's
+    ``wait_for_ready_timeout``)."""
     router: Annotated[str, Selects("routers")] = "round_robin"
     """Which replica each request goes to: ``round_robin``, ``least_outstanding``,
     ``consistent_hash`` (a rollout's turns on one replica), or a router plugin's."""
@@ -56,6 +58,7 @@ class ClientConfig(ApiKeyRef):
     elastic: Annotated[dict[str, Any] | None, Noted(
         "prime's inference servers are the fixed list of base_url (no elastic pool discovery)")] = None
     headers: Annotated[dict[str, str] | None, Noted("prime's client sends only the API key header")] = None
+    headers_from_env: Annotated[dict[str, str] | None, Noted("prime's client sends only the API key header")] = None
     extra_headers_from_state: Annotated[Any, Noted("prime's client sends only the API key header")] = None
     skip_model_check: Annotated[bool, Noted("prime's client checks the servers' health at start")] = False
 
@@ -273,6 +276,55 @@ class TrainRest(Section):
     num_workers: Annotated[Any, Noted("prime runs environments inside the orchestrator (no env servers)")] = None
 
 
+TRAINING_MODES = ("rl", "opd", "sft")
+
+
+class TeacherModelRef(TokenizerRef):
+    """The teacher model: the one its server serves."""
+
+    name: str | None = None  # type: ignore[assignment]
+    """The teacher's model (a Hugging Face id or a local folder); required."""
+
+    @field_validator("name")
+    @classmethod
+    def _local_folder_exists(cls, name: str | None) -> str | None:
+        return None if name is None else super()._local_folder_exists(name)
+
+    @model_validator(mode="after")
+    def _local_folder_loads(self) -> TeacherModelRef:
+        return self if self.name is None else super()._local_folder_loads()
+
+
+class TeacherClientConfig(ClientConfig):
+    """How the orchestrator reaches the teacher's server (through the backend's client)."""
+
+    base_url: list[str] | None = Field(default=None, min_length=1)  # type: ignore[assignment]
+    """The teacher server's URL(s); set for you when ``teacher_inference`` makes ``prime run``
+    start it."""
+
+
+class TeacherConfig(Section):
+    """prime-rl's teacher (0.6's ``[orchestrator.teacher]``, 0.5's ``teacher_model`` and
+    ``teacher_rollout_model``): a frozen model on its own server. ``training_mode = "opd"`` (or
+    ``trainer.loss.teacher_tau > 0``): it scores the tokens the student sampled; ``"sft"``: it
+    samples the rollouts the student learns to imitate. It must share the student's tokenizer:
+    it reads and writes the student's token ids."""
+
+    model: TeacherModelRef = Field(default_factory=TeacherModelRef)
+    client: TeacherClientConfig = Field(default_factory=TeacherClientConfig)
+
+    @model_validator(mode="after")
+    def _model_and_server(self) -> TeacherConfig:
+        if self.model.name is None:
+            raise ValueError("the teacher has no model: set orchestrator.teacher.model.name (or "
+                             "teacher_inference.model.name, and prime run starts its server)")
+        if self.client.base_url is None:
+            raise ValueError("the teacher has no server: set teacher_inference (prime run starts one, "
+                             "[teacher_inference.model] name = ...), or orchestrator.teacher.client.base_url = "
+                             "[\"http://HOST:PORT/v1\"] for a server you run")
+        return self
+
+
 class OrchestratorConfig(Section):
     """The orchestrator role: samples, scores and packs batches for the trainer."""
 
@@ -331,8 +383,18 @@ class OrchestratorConfig(Section):
     """prime-rl's token-based batching: refused, prime batches by samples (``batch_size``)."""
     train: TrainRest | None = None
     """prime-rl 0.6's ``[orchestrator.train]``: its ``env`` and ``sampling`` become ``env`` and ``sampling``."""
+    training_mode: Literal["rl", "opd", "sft"] = "rl"
+    """prime-rl 0.6's training modes. ``rl``: the student samples, rewards make the advantages
+    (with a teacher and ``trainer.loss.teacher_tau > 0``: plus ``teacher_tau`` times the
+    teacher's log-probability minus the student's, per token: 0.5's distillation). ``opd``:
+    on-policy distillation: the student samples, the teacher scores its tokens, and the per-token
+    advantage is the teacher's log-probability minus the student's (rewards are logged, not
+    trained on). ``sft``: the teacher samples the rollouts and the student learns them by
+    negative log-likelihood (without a teacher: its own samples)."""
+    teacher: TeacherConfig | None = Field(default=None, validation_alias=AliasChoices("teacher", "teacher_model"))
+    """The teacher (``[orchestrator.teacher]``; 0.5's ``teacher_model``): its model and server."""
 
-    prime_rl_keys: ClassVar[tuple[str, ...]] = ("train.env", "train.sampling")
+    prime_rl_keys: ClassVar[tuple[str, ...]] = ("train.env", "train.sampling", "student", "teacher_rollout_model")
 
     # prime-rl's orchestrator keys for parts prime does its own way.
     strict_async_level: Annotated[bool, Noted(
@@ -381,6 +443,48 @@ class OrchestratorConfig(Section):
                 data[key] = train.pop(key)
         data["train"] = train
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prime_rl_roles(cls, data: Any) -> Any:
+        """prime-rl 0.6's ``[orchestrator.student]`` (``model`` and ``client``: the policy, prime's
+        ``model`` and ``client``) and 0.5's ``teacher_rollout_model`` (hard distillation: the teacher
+        samples, the student trains by NLL: prime's ``training_mode = "sft"`` with that teacher)."""
+        if not isinstance(data, dict) or not {"student", "teacher_rollout_model"} & data.keys():
+            return data
+        data = dict(data)
+        student = data.pop("student", None)
+        if isinstance(student, dict):
+            unknown = sorted(set(student) - {"model", "client"})
+            if unknown:
+                raise ValueError(f"orchestrator.student: unknown key(s) {', '.join(unknown)} (model, client)")
+            for key in ("model", "client"):
+                if key in student:  # its keys win over the shortcut's (and what prime run filled in)
+                    here = data.get(key)
+                    data[key] = ({**here, **student[key]} if isinstance(here, dict) and isinstance(student[key], dict)
+                                 else student[key])
+        rollout = data.pop("teacher_rollout_model", None)
+        if rollout is not None:
+            if data.get("teacher") is not None or data.get("teacher_model") is not None:
+                raise ValueError("orchestrator.teacher_rollout_model and orchestrator.teacher: prime has one teacher; "
+                                 "give one of them")
+            if data.get("training_mode", "sft") != "sft":
+                raise ValueError("orchestrator.teacher_rollout_model samples the rollouts (training_mode = 'sft'), "
+                                 f"but training_mode = {data['training_mode']!r}")
+            data["teacher"], data["training_mode"] = rollout, "sft"
+        return data
+
+    @model_validator(mode="after")
+    def _teacher_for_the_mode(self) -> OrchestratorConfig:
+        if self.training_mode == "opd" and self.teacher is None:
+            raise ValueError("training_mode = 'opd' (on-policy distillation) needs a teacher: set "
+                             "[orchestrator.teacher.model] name = ... and its server (teacher_inference, or "
+                             "orchestrator.teacher.client.base_url)")
+        return self
+
+    def scores_with_teacher(self) -> bool:
+        """Whether the teacher scores the student's samples (``opd``, and ``rl`` with a teacher)."""
+        return self.teacher is not None and self.training_mode != "sft"
 
     @field_validator("token_batch_size")
     @classmethod

@@ -59,6 +59,8 @@ class Replica:
 class ReplicaPool:
     def __init__(self, config, make_client, router_spec, *, router_key: str = "orchestrator.client.router") -> None:
         self.config = config
+        self.key = router_key.rsplit(".", 1)[0]
+        """Where ``config`` sits (``orchestrator.client``, ``orchestrator.teacher.client``), for messages."""
         sampling = list(dict.fromkeys(config.base_url))
         engines = list(dict.fromkeys(config.admin_base_url or config.base_url))
         self.replicas = {url: Replica(url, make_client(url), sampling=url in sampling, engine=url in engines)
@@ -94,7 +96,7 @@ class ReplicaPool:
                 if time.monotonic() > deadline:
                     raise PrimeError(
                         f"inference server at {url} did not become healthy within {timeout:.0f} s "
-                        "(orchestrator.client.health_timeout)",
+                        f"({self.key}.health_timeout)",
                         hint="check the inference log under output_dir/logs/",
                     )
                 time.sleep(1.0)
@@ -103,6 +105,23 @@ class ReplicaPool:
 
     async def sample(self, request):
         """``request`` on a replica the router picks; retried elsewhere when it fails."""
+        url, samples = await self.on_a_replica(request, lambda client: client.sample(request))
+        if len(samples) != request.n:
+            raise PrimeError(f"inference server at {url} returned {len(samples)} samples for n = {request.n}")
+        return samples
+
+    async def prompt_logprobs(self, token_ids: list[int], *, session_id: str | None = None) -> list[float]:
+        """Each token's log-probability after the ones before it, from a replica the router picks
+        (a teacher scoring the student's tokens); retried elsewhere when it fails."""
+        from prime_core.inference.client import SampleRequest
+
+        route = SampleRequest(prompt_ids=list(token_ids), max_tokens=1, session_id=session_id)
+        _, logprobs = await self.on_a_replica(route, lambda client: client.prompt_logprobs(list(token_ids)))
+        return logprobs
+
+    async def on_a_replica(self, request, call) -> tuple[str, Any]:
+        """``(url, await call(client))`` on the replica the router picks for ``request``; a call
+        that fails is retried on another replica (``max_retries``)."""
         tried: set[str] = set()
         attempt = rounds = 0
         while True:
@@ -117,13 +136,13 @@ class ReplicaPool:
             url = self.router.pick(request, exclude=exclude)
             replica = self.replicas.get(url)
             if replica is None or not replica.sampling or url in exclude:
-                raise PrimeError(f"orchestrator.client.router = '{self.router_name}' picked {url!r}, which is "
-                                 + ("not in orchestrator.client.base_url "
+                raise PrimeError(f"{self.key}.router = '{self.router_name}' picked {url!r}, which is "
+                                 + (f"not in {self.key}.base_url "
                                     f"({', '.join(r.url for r in self.sampling)})" if replica is None
                                     or not replica.sampling else "down or already failed for this request"))
             start, ok = time.perf_counter(), False
             try:
-                samples = await replica.client.sample(request)
+                answer = await call(replica.client)
                 ok = True
             except Exception as exc:  # the replica's failure: retried below, or raised when no try is left
                 error = exc
@@ -131,9 +150,7 @@ class ReplicaPool:
                 self.router.done(url, ok=ok, latency=time.perf_counter() - start)
             if ok:
                 replica.requests += 1
-                if len(samples) != request.n:
-                    raise PrimeError(f"inference server at {url} returned {len(samples)} samples for n = {request.n}")
-                return samples
+                return url, answer
             if replica.engine:  # a router in front is not judged by its health: it reports its engines'
                 await self.check(replica)
             attempt += 1
@@ -166,14 +183,14 @@ class ReplicaPool:
         replica.up = False
         if self.config.on_replica_failure == "stop":
             raise PrimeError(f"inference replica {replica.url} stopped answering its health check "
-                             "(orchestrator.client.on_replica_failure = 'stop')",
+                             f"({self.key}.on_replica_failure = 'stop')",
                              hint="see its log under output_dir/logs/; on_replica_failure = 'continue' goes on "
                                   "with the other replicas")
         if not self.up(self.sampling) or not self.up(self.engines):
             raise self._none_left()
         print(f"warning: inference replica {replica.url} stopped answering its health check: going on with "
               f"{len(self.up(self.engines))} of {len(self.engines)} replica(s) "
-              "(orchestrator.client.on_replica_failure = 'continue')", flush=True)
+              f"({self.key}.on_replica_failure = 'continue')", flush=True)
 
     async def _back(self, replica: Replica) -> None:
         if self.on_back is not None:

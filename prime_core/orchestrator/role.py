@@ -13,6 +13,13 @@ fails alone: its group is dropped (``env_errors``, ``failed_groups``) and anothe
 With ``[orchestrator.eval]`` the policy is evaluated at step 0 and every ``interval`` steps,
 beside training, on the same servers (``eval``).
 
+Training modes (prime-rl 0.6's ``training_mode``) with a teacher (``orchestrator.teacher``, a
+frozen model on servers of its own): ``opd`` (and ``rl`` with ``trainer.loss.teacher_tau``) asks
+the teacher for its log-probability of every token the policy sampled (a prefill of prompt +
+completion, ``score_with_teacher``) and the samples carry them to the trainer, where they enter
+the advantage (``prime_core.trainer.modes``); ``sft`` samples the training rollouts from the
+teacher instead (the policy's servers still serve evaluations and take each new policy).
+
 Asynchrony: every group remembers the policy version it was sampled with. The batch of step
 N is handed over only once policy ``N-1-async_level`` is loaded for inference, and groups
 whose lag ``(N-1) - version`` exceeds ``max_off_policy_steps`` are dropped and counted. New
@@ -111,6 +118,9 @@ class Orchestrator:
                                 manager.select("routers", config.client.router, key="orchestrator.client.router"))
         self.pool.on_back = self._catch_up
         self.clients = self.pool.clients
+        self.teacher = teacher_pool(config, manager)
+        # Training rollouts: the teacher's in hard distillation (sft), the policy's otherwise.
+        self.rollouts = self.teacher if config.training_mode == "sft" and self.teacher is not None else self.pool
         transport = manager.select("weight_transports", config.weight_broadcast.type, key="weight_broadcast.type")
         self.weights = transport.loader(config, output_dir=config.output_dir)
         self.advantages = manager.select("algorithms", f"advantage:{config.advantage.type}",
@@ -131,6 +141,7 @@ class Orchestrator:
             from prime_core.orchestrator.config import BatchFilterConfig
 
             self.pre_filters.append(BatchFilterConfig(type="zero_advantage", enforce=True))
+        self.window = _Window()
         self.fit = {"prompts_too_long": 0, "completions_capped": 0}
         """Rollouts that could not fit seq_len as asked (totals, in the metrics)."""
         for name, env in self.envs:  # before waiting for anything: a config that cannot train stops here
@@ -140,6 +151,8 @@ class Orchestrator:
 
     def wait_healthy(self) -> None:
         self.pool.wait_healthy()
+        if self.teacher is not None:
+            self.teacher.wait_healthy()
 
     async def load_newest_weights(self, minimum: int = 0) -> None:
         latest = self.weights.latest()
@@ -170,9 +183,9 @@ class Orchestrator:
     # ------------------------------------------------------------------ sampling
 
     def episode(self, env, task, session_id: str, *, temperature: float | None = None,
-                seed: int | None = None) -> Episode:
+                seed: int | None = None, pool: ReplicaPool | None = None) -> Episode:
         sampling = self.config.sampling
-        return Episode(task=task, sampler=self.pool.sample, tokenizer=self.tokenizer, parse=self.parse,
+        return Episode(task=task, sampler=(pool or self.pool).sample, tokenizer=self.tokenizer, parse=self.parse,
                        limits=self.limits, tools=env_tools(env, task), session_id=session_id,
                        temperature=sampling.temperature if temperature is None else temperature,
                        top_p=sampling.top_p, seed=seed)
@@ -192,7 +205,7 @@ class Orchestrator:
         if turn_max is not None and turn_max > self.config.seq_len - len(prompt_ids):
             self.fit["completions_capped"] += 1  # sampled up to seq_len, never cut afterwards
         # Every rollout is its own session: the router may keep its turns on one replica.
-        episodes = [self.episode(env, task, f"group-{group}-{i}",
+        episodes = [self.episode(env, task, f"group-{group}-{i}", pool=self.rollouts,
                                  seed=None if seed is None else (seed * 1_000_003 + group * 7919 + i * 104_729) % 2**31)
                     for i in range(self.config.rollouts_per_example)]
         outcomes = await asyncio.gather(*(run_episode(env, task, episode) for episode in episodes))
@@ -203,7 +216,28 @@ class Orchestrator:
         samples = [s for o, adv in zip(outcomes, advantages, strict=True)
                    for s in o.episode.trajectory.samples(advantage=float(adv), reward=o.reward, version=version,
                                                          env=name)]
+        if self.config.scores_with_teacher():
+            await self.score_with_teacher(samples, session=f"group-{group}")
         return Group(name, version, samples, rewards, list(outcomes))
+
+    async def score_with_teacher(self, samples: list[TrainingSample], *, session: str) -> None:
+        """The teacher's log-probability of every token the policy sampled (on-policy
+        distillation): one prefill of prompt + completion per sample on the teacher's server,
+        as prime-rl asks its teacher (``prompt_logprobs``); tokens the policy did not sample
+        (environment and tool turns) get 0.0 and no teacher term."""
+        start = time.perf_counter()
+
+        async def one(i: int, sample: TrainingSample) -> None:
+            ids = sample.prompt_ids + sample.completion_ids
+            logprobs = await self.teacher.prompt_logprobs(ids, session_id=f"{session}-teacher-{i}")
+            if len(logprobs) != len(ids):
+                raise PrimeError(f"the teacher's server returned {len(logprobs)} log-probabilities for {len(ids)} "
+                                 "tokens")
+            tail = logprobs[len(sample.prompt_ids):]
+            sample.teacher_logprobs = [lp if m else 0.0 for lp, m in zip(tail, sample.mask, strict=True)]
+
+        await asyncio.gather(*(one(i, s) for i, s in enumerate(samples)))
+        self.window.teacher_s += time.perf_counter() - start
 
     def _task_that_fits(self, name: str, env, rng: random.Random):
         """A task whose prompt leaves room for a completion in ``seq_len`` (its tokens trained
@@ -303,7 +337,7 @@ class Orchestrator:
                 task.cancel()
             await asyncio.gather(*inflight, *self.evals, return_exceptions=True)  # their routers hear of it
             await self.pool.stop_monitor()
-            for client in self.clients.values():
+            for client in [*self.clients.values(), *(self.teacher.clients.values() if self.teacher else ())]:
                 await client.close()
             metrics.close()
             if eval_log is not None:
@@ -336,7 +370,8 @@ class Orchestrator:
         mean = sum(rewards) / len(rewards)
         info = {"reward": mean, "off_policy_max": max(lags), "versions": sorted({g.version for g in batch})}
         write_batch(config.output_dir, step, pack(samples, config.seq_len),
-                    temperature=config.sampling.temperature, info=info, format=config.batch_format)
+                    temperature=config.sampling.temperature, info=info, training_mode=config.training_mode,
+                    format=config.batch_format)
         self.dropped_total += window.dropped
         sampled = sum(o.episode.trajectory.sampled_tokens for o in outcomes)
         replicas = self.pool.step_metrics()
@@ -355,6 +390,7 @@ class Orchestrator:
             "tool_errors": sum(o.episode.tool_errors for o in outcomes),
             "truncated": sum(o.episode.stop_reason == "max_tokens" for o in outcomes) / len(outcomes),
             "env_errors": window.env_errors, "failed_groups": window.failed_groups,
+            **({"time/teacher_logprobs": window.teacher_s} if config.scores_with_teacher() else {}),
             **({"filtered": dict(window.filtered), "groups_filtered": window.groups_filtered}
                if config.pre_batch_filters or config.post_batch_filters or self.pre_filters else {}),
             # CPU seconds of this process (its event loop, tokenizing, scoring threads) since the
@@ -443,6 +479,33 @@ class _Window:
     groups_filtered: int = 0
     filtered: dict[str, int] = field(default_factory=dict)
     """Samples each filter detected (``pre_batch_filters``, ``post_batch_filters``), by type."""
+    teacher_s: float = 0.0
+    """Seconds spent waiting for the teacher's log-probabilities (summed over groups)."""
+
+
+def teacher_pool(config, manager) -> ReplicaPool | None:
+    """The teacher's servers (``orchestrator.teacher``), through its backend's client; ``None``
+    without a teacher. A teacher that scores tokens needs a backend that can
+    (``prompt_logprobs``)."""
+    from prime_core.inference.backend import select_backend
+    from prime_core.inference.client import can_score
+
+    teacher = config.teacher
+    if teacher is None:
+        return None
+    backend = select_backend(teacher.client.backend, key="orchestrator.teacher.client.backend", manager=manager)
+    key = teacher.client.api_key()
+    pool = ReplicaPool(teacher.client, lambda url: backend.client(url, api_key=key, timeout=teacher.client.timeout),
+                       manager.select("routers", teacher.client.router, key="orchestrator.teacher.client.router"),
+                       router_key="orchestrator.teacher.client.router")
+    if config.scores_with_teacher() and not all(can_score(c) for c in pool.clients.values()):
+        raise ConfigError([f"orchestrator.teacher.client.backend: the '{backend.name}' backend's client cannot score "
+                           "given tokens (prompt_logprobs), which the teacher of on-policy distillation does; serve "
+                           "the teacher with a backend whose client has prompt_logprobs (`prime plugins list` shows "
+                           "the installed backends)"])
+    print(f"teacher: {teacher.model.name} at {', '.join(teacher.client.base_url)} ({backend.name}; "
+          f"{'samples the rollouts' if config.training_mode == 'sft' else 'scores the sampled tokens'})", flush=True)
+    return pool
 
 
 def _mean(values: list[float]) -> float:

@@ -105,8 +105,9 @@ class SchedulerConfig(Section):
 
 
 LOSS_KEYS = {"dppo_mask_low": "mask_low", "dppo_mask_high": "mask_high", "ipo_mask_low": "mask_low",
-             "ipo_mask_high": "mask_high", "adv_tau": "adv_tau", "kl_tau": "kl_tau"}
-"""prime-rl's loss keys (0.5: ``ipo_mask_*``, 0.6: ``dppo_mask_*``) and the default loss's keyword."""
+             "ipo_mask_high": "mask_high", "adv_tau": "adv_tau", "kl_tau": "kl_tau", "teacher_tau": "teacher_tau"}
+"""prime-rl's loss keys (0.5: ``ipo_mask_*``, 0.6: ``dppo_mask_*``; 0.5's ``teacher_tau``, the weight of
+the teacher's log-ratio in each token's advantage) and the default loss's keyword."""
 
 
 class LossConfig(Section):
@@ -114,8 +115,8 @@ class LossConfig(Section):
     """A loss registered by a plugin through ``prime_algorithms``, or ``custom`` (``import_path``)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for the loss (e.g. masking thresholds). prime-rl's keys of the default
-    loss (``dppo_mask_low``/``high``, 0.5's ``ipo_mask_low``/``high``, ``adv_tau``, ``kl_tau``) set
-    the same keywords of prime's default loss."""
+    loss (``dppo_mask_low``/``high``, 0.5's ``ipo_mask_low``/``high``, ``adv_tau``, ``kl_tau``,
+    ``teacher_tau``) set the same keywords of prime's default loss."""
     prime_rl_keys: ClassVar[tuple[str, ...]] = (*LOSS_KEYS, "ipo_threshold")
 
     import_path: str | None = None

@@ -19,13 +19,13 @@ from prime_core import distributed
 from prime_core.metrics import METRICS_FILE, MetricsLogger, drop_steps_from
 from prime_core.orchestrator.batch import wait_for_batch
 from prime_core.plugins import get_plugin_manager
-from prime_core.trainer import ckpt
+from prime_core.trainer import ckpt, modes
 from prime_core.trainer.build import full_state_dict, start_training
 from prime_core.trainer.fake import FakeDataConfig, fake_batch
 from prime_core.trainer.step import train_step
 from prime_core.weights import remove_after
 
-SHOW = ("loss", "reward", "entropy", "mismatch_kl", "grad_norm", "tokens_per_s")
+SHOW = ("loss", "reward", "entropy", "mismatch_kl", "teacher_kl", "grad_norm", "tokens_per_s")
 
 
 def run(config) -> int:
@@ -67,8 +67,12 @@ def run(config) -> int:
         else:
             batch = wait_for_batch(config.output_dir, step, timeout=config.batch_timeout)
         start = time.perf_counter()
-        sums = train_step(training, batch["micro_batches"], max_norm=config.optim.max_norm, loss_fn=loss_fn,
-                          loss_kwargs=config.loss.kwargs, temperature=batch.get("temperature") or 1.0)
+        mode = batch.get("training_mode", "rl")
+        step_loss, step_kwargs = (loss_fn, config.loss.kwargs) if mode == "rl" else modes.loss_for(
+            mode, config.loss, manager)
+        modes.check_teacher_logprobs(mode, batch["micro_batches"], step)
+        sums = train_step(training, batch["micro_batches"], max_norm=config.optim.max_norm, loss_fn=step_loss,
+                          loss_kwargs=step_kwargs, temperature=batch.get("temperature") or 1.0)
         elapsed = time.perf_counter() - start
         publish(step)
         if world.main:
@@ -84,6 +88,9 @@ def run(config) -> int:
                 "policy_version_min": min(info.get("versions") or [0]),
                 "policy_version_max": max(info.get("versions") or [0]),
             }
+            if any("teacher_logprobs" in row for row in batch["micro_batches"]):
+                # Mean over the trained tokens of log p_teacher - log p_student (prime-rl's teacher_kl).
+                record["teacher_kl"] = sums["teacher_kl"]
             metrics.log(step, record, show=SHOW)
         if config.ckpt.interval and step % config.ckpt.interval == 0:
             path = ckpt.save(config.output_dir, step, policy.model, training.optimizer, {}, world=world,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-_KEYS = ("input_ids", "position_ids", "loss_mask", "advantages", "inference_logprobs")
+_KEYS = ("input_ids", "position_ids", "loss_mask", "advantages", "inference_logprobs", "teacher_logprobs")
 
 
 def share(rows: list[dict], rank: int, size: int) -> list[dict]:
@@ -47,7 +47,7 @@ def row_tensors(row: dict, device) -> dict[str, Any]:
 
     out = {}
     for key in _KEYS:
-        if key in row:
+        if row.get(key) is not None:
             dtype = torch.long if key in ("input_ids", "position_ids") else torch.float32
             out[key] = torch.tensor(row[key], dtype=dtype, device=device)
     return out
@@ -132,7 +132,10 @@ def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, 
         if loss_fn is None:
             per_token, extra = -logp, {}
         else:
-            per_token, extra = loss_fn(logp, t["inference_logprobs"], t["advantages"], **(loss_kwargs or {}))
+            kwargs = dict(loss_kwargs or {})
+            if "teacher_logprobs" in t:  # on-policy distillation: the teacher's log-probability of each target
+                kwargs["teacher_logprobs"] = t["teacher_logprobs"]
+            per_token, extra = call_loss(loss_fn, logp, t["inference_logprobs"], t["advantages"], kwargs)
         loss = (per_token * mask).sum() * scale
         loss.backward()
         parts = {"loss": loss.detach().float() / world.size}
@@ -140,14 +143,30 @@ def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, 
             tokens += len(row["input_ids"]) / cp
         if entropy is not None:
             parts["entropy"] = (entropy.detach() * mask).sum().float() / norm
-        for key in ("mismatch_kl", "is_masked"):
+        for key in ("mismatch_kl", "is_masked", "teacher_kl"):
             if key in extra:
                 parts[key] = (extra[key].detach() * mask).sum().float() / norm
         for key, value in parts.items():
             device_sums[key] = device_sums[key] + value if key in device_sums else value
-    sums = {"loss": 0.0, "entropy": 0.0, "mismatch_kl": 0.0, "is_masked": 0.0}
+    # Every rank reports the same keys (they are all-reduced together), whatever its rows held.
+    sums = {"loss": 0.0, "entropy": 0.0, "mismatch_kl": 0.0, "is_masked": 0.0, "teacher_kl": 0.0}
     if device_sums:
         keys = list(device_sums)
         sums.update(zip(keys, torch.stack([device_sums[k] for k in keys]).tolist(), strict=True))
     sums["tokens"] = tokens
     return sums
+
+
+def call_loss(loss_fn, logp, inference_logprobs, advantages, kwargs: dict):
+    """``loss_fn`` on one row; a loss that does not take the teacher's log-probabilities is named."""
+    try:
+        return loss_fn(logp, inference_logprobs, advantages, **kwargs)
+    except TypeError as exc:
+        if "teacher_logprobs" in kwargs and "teacher_logprobs" in str(exc):
+            from prime_core.errors import PrimeError
+
+            raise PrimeError(f"trainer.loss: {getattr(loss_fn, '__name__', loss_fn)} does not take teacher_logprobs, "
+                             "which this batch carries (orchestrator.teacher scores the samples)",
+                             hint="use the default loss (trainer.loss.type = 'default'), or give the loss a "
+                                  "teacher_logprobs=None keyword") from None
+        raise

@@ -19,7 +19,8 @@ plugin's own tests already run). It checks that the client's creation contacts n
 samples of at most ``max_tokens`` tokens, each with one log-probability per token, finish
 reasons ``stop``/``length``, and text; that the log-probabilities are those of the model
 (transformers, at the request's temperature) for greedy and warm sampling; that a stop token
-ends a sample as its last token; that ``load_weights`` of a changed checkpoint changes the
+ends a sample as its last token; that the optional ``prompt_logprobs`` (a teacher's scores)
+are the model's; that ``load_weights`` of a changed checkpoint changes the
 samples to the new model's and back; that errors are ``PrimeError`` naming the server; and
 that ``stop()`` ends the server (idempotently) and its health turns false.
 """
@@ -118,6 +119,30 @@ def check_samples(spec, url: str, model: Path, api_key: str | None = None) -> No
         worst = max(abs(a - b) for a, b in zip(sample.logprobs, want, strict=True))
         expect(worst < 2e-3, f"backend '{spec.name}': log-probabilities at temperature {temperature} differ from "
                              f"the model's by {worst:.2e} (the trainer's importance ratio needs them exact)")
+
+
+def check_prompt_logprobs(spec, url: str, model: Path, api_key: str | None = None) -> None:
+    """The optional ``prompt_logprobs``: each given token's log-probability after the ones before
+    it, as the model computes it (a teacher scoring a student's tokens)."""
+    from prime_core.inference.client import can_score
+
+    client = spec.client(url, api_key=api_key, timeout=120.0)
+    if not can_score(client):
+        pytest.skip(f"backend '{spec.name}' has no prompt_logprobs (optional; a teacher's server needs it)")
+    tokens = [*PROMPT, 11, 3, 29, 7]
+
+    async def score():
+        try:
+            return await client.prompt_logprobs(tokens)
+        finally:
+            await client.close()
+
+    got = _run(score)
+    expect(len(got) == len(tokens) and got[0] == 0.0, f"backend '{spec.name}': prompt_logprobs gave {len(got)} "
+                                                      f"values for {len(tokens)} tokens (the first must be 0.0)")
+    want = reference_logprobs(model, tokens[:1], tokens[1:])
+    worst = max(abs(a - b) for a, b in zip(got[1:], want, strict=True))
+    expect(worst < 2e-3, f"backend '{spec.name}': prompt_logprobs differ from the model's by {worst:.2e}")
 
 
 def check_stop_tokens(spec, url: str, api_key: str | None = None) -> None:
@@ -227,6 +252,9 @@ class InferenceBackendContract(Contract):
 
     def test_a_stop_token_ends_a_sample(self, spec, served):
         check_stop_tokens(spec, served[0], api_key=self.api_key)
+
+    def test_prompt_logprobs_are_the_models(self, spec, served):
+        check_prompt_logprobs(spec, *served, api_key=self.api_key)
 
     def test_load_weights_serves_the_new_model(self, spec, served, tmp_path):
         check_load_weights(spec, served[0], served[1], tmp_path, api_key=self.api_key)

@@ -7,6 +7,9 @@ server's base model (``GET /v1/models``) until a LoRA adapter is loaded, then th
 adapter. ``session_id`` travels as the ``X-Session-ID`` header, which routers in front of
 vLLM (vllm-router's ``consistent_hash``) use to keep a trajectory on one engine.
 
+Scoring given tokens (a teacher in on-policy distillation) is a one-token completion with
+``prompt_logprobs: 0``: each prompt token's log-probability from the prefill.
+
 Weights go through ``VLLMAdmin`` (``admin.py``): a full checkpoint is reloaded in place; a
 LoRA adapter is loaded under a new name per step, ``<base model>-lora-step-N`` (vLLM's
 in-place adapter reload re-reads the files on every engine step), requests switch to it,
@@ -140,6 +143,39 @@ class VLLMClient:
                 f"{str(answer)[:300]}",
                 hint="prime needs token ids and logprobs in completions (return_token_ids; vLLM >= 0.10.2)",
             ) from None
+
+    async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """Each token's log-probability given those before it: a one-token completion of
+        ``token_ids`` with vLLM's ``prompt_logprobs: 0`` (the prompt's own tokens, scored in the
+        prefill), at temperature 1. The first token has no context: 0.0."""
+        model = self.model or await self._base_model()
+        body = {"model": model, "prompt": list(token_ids), "max_tokens": 1, "temperature": 1.0, "top_p": 1.0,
+                "prompt_logprobs": 0, "return_token_ids": True}
+        answer = await self._send("POST", "/completions", f"scoring {len(token_ids)} tokens with {model}", json=body)
+        return self.parse_prompt_logprobs(answer, token_ids)
+
+    def parse_prompt_logprobs(self, answer: dict, token_ids: list[int]) -> list[float]:
+        """``prompt_logprobs`` of a ``/v1/completions`` answer: per position ``None`` (the first)
+        or ``{token_id: {"logprob": ...}}``, which holds the prompt's own token (and with
+        ``prompt_logprobs: 0`` only that one)."""
+        try:
+            entries = answer["choices"][0]["prompt_logprobs"]
+            if entries is None or len(entries) != len(token_ids):
+                raise ValueError(f"{0 if entries is None else len(entries)} prompt logprobs for "
+                                 f"{len(token_ids)} tokens")
+            out = []
+            for position, (entry, token) in enumerate(zip(entries, token_ids, strict=True)):
+                if entry is None:
+                    if position:
+                        raise ValueError(f"no logprob for token {position}")
+                    out.append(0.0)
+                    continue
+                out.append(float(entry[str(token)]["logprob"]))
+            return out
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise PrimeError(
+                f"unexpected prompt_logprobs from the vLLM server at {self.base_url} ({type(exc).__name__}: {exc}): "
+                f"{str(answer)[:300]}", hint="scoring tokens needs vLLM's prompt_logprobs in completions") from None
 
     # -- weights --------------------------------------------------------------------------
 

@@ -18,7 +18,8 @@ Runs every role on this machine as child processes.
   beside it) run as child processes.
 
 GPUs are taken in order from ``CUDA_VISIBLE_DEVICES`` (or every GPU ``nvidia-smi -L``
-lists): inference first, trainer next (``prime_core.launch.placement``). The
+lists): inference first, trainer next, the teacher's server last (``teacher_inference``, a
+service started after the trainer; ``prime_core.launch.placement``). The
 placement is printed before launch and kept in ``configs/plan.json``. When a role fails or
 the user presses Ctrl-C, every role is stopped and the failing one is named with the end of
 its log.
@@ -66,6 +67,9 @@ def _requests(config, root: str, configs: dict[str, Path]):
     if "inference" in configs:
         out.append(Request("inference", d.num_infer_gpus, "deployment.num_infer_gpus", ids("inference_gpu_ids")))
     out.append(Request("trainer", d.num_train_gpus, "deployment.num_train_gpus", ids("trainer_gpu_ids")))
+    if "teacher_inference" in configs:  # the teacher's server takes the last GPUs, as in prime-rl
+        count = d.num_teacher_gpus if d.num_teacher_gpus is not None else config.teacher_inference.parallel.tp
+        out.append(Request("teacher_inference", count, "deployment.num_teacher_gpus"))
     return out
 
 
@@ -108,6 +112,11 @@ def _placement_rows(config, root: str, gpus: dict[str, list[str]] | None, config
         pool = (gpus or {}).get(role)
         rows.append({"role": role, "gpus": ",".join(pool) if pool is not None else "cpu",
                      "processes": processes, "port": "-", "output_dir": str(config.output_dir)})
+    if root == "rl" and "teacher_inference" in configs:
+        pool = (gpus or {}).get("teacher_inference")
+        rows.append({"role": "teacher_inference", "gpus": ",".join(pool) if pool is not None else "cpu",
+                     "processes": 1, "port": config.teacher_inference.server.port,
+                     "output_dir": str(config.output_dir)})
     return rows
 
 
@@ -115,7 +124,14 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
     from prime_core.errors import PrimeError
     from prime_core.launch.config import trainer_processes
     from prime_core.launch.placement import assign, visible_gpus
-    from prime_core.launch.plan import LaunchPlan, RoleProcess, plugin_services, replicas_may_fail, role_command
+    from prime_core.launch.plan import (
+        LaunchPlan,
+        RoleProcess,
+        plugin_services,
+        replicas_may_fail,
+        role_command,
+        teacher_process,
+    )
 
     deployment = config.deployment
     _refuse_multi_node(deployment, root)
@@ -191,6 +207,9 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
             log=logs / f"{role}.log",
             env=env_for(role),
         ))
+    teacher = teacher_process(config, configs, logs, env_for("teacher_inference"))
+    if teacher is not None:
+        result.processes.append(teacher)
     if "inference" not in configs and not getattr(config, "bench", None):
         result.notes.append("inference = None: the orchestrator uses the servers in orchestrator.client.base_url")
     return result
