@@ -148,6 +148,25 @@ def decode_binary(data: bytes) -> dict:
         raise BatchFileError(f"a safetensors file without prime's step-batch header (format {meta.get('format')!r})")
     if meta.get("version") != VERSION:
         raise BatchFileError(f"step-batch version {meta.get('version')!r}, this prime reads version {VERSION}")
+    _check_arrays(arrays, meta)
+    lengths = arrays["row_lengths"]
+    total = int(lengths.sum())
+    if "sample_lengths" in arrays:
+        if (arrays["sample_lengths"] <= 0).any() or int(arrays["sample_lengths"].sum()) != total:
+            raise BatchFileError(f"the samples' lengths do not add up to the rows' {total} tokens")
+        arrays["position_ids"] = _positions(arrays["sample_lengths"])
+    if (lengths < 0).any() or any(len(arrays[key]) != total for key in ARRAYS):
+        raise BatchFileError(f"the rows' lengths add up to {total} tokens, the arrays hold "
+                             f"{sorted({len(arrays[key]) for key in ARRAYS})}")
+    ends = np.cumsum(lengths)[:-1]
+    split = {key: np.split(arrays[key], ends) if len(lengths) else [] for key in ARRAYS}
+    rows = [{key: split[key][i] for key in ARRAYS} for i in range(len(lengths))]
+    _add_optional(arrays, rows, lengths)
+    return {**{key: meta[key] for key in HEADER if key in meta}, "micro_batches": rows}
+
+
+def _check_arrays(arrays: dict, meta: dict) -> None:
+    """Every array the header promises is there, flat, of its dtype and matches its checksum."""
     expected = {**ARRAYS, "row_lengths": np.int64}
     if "position_ids" not in arrays:
         del expected["position_ids"]
@@ -163,28 +182,21 @@ def decode_binary(data: bytes) -> dict:
                                  f"{np.dtype(dtype)} array")
         if zlib.crc32(arrays[key]) != meta.get("crc32", {}).get(key):
             raise BatchFileError(f"{key} does not match its checksum: the file is damaged")
-    lengths = arrays["row_lengths"]
-    total = int(lengths.sum())
-    if "sample_lengths" in arrays:
-        if (arrays["sample_lengths"] <= 0).any() or int(arrays["sample_lengths"].sum()) != total:
-            raise BatchFileError(f"the samples' lengths do not add up to the rows' {total} tokens")
-        arrays["position_ids"] = _positions(arrays["sample_lengths"])
-    if (lengths < 0).any() or any(len(arrays[key]) != total for key in ARRAYS):
-        raise BatchFileError(f"the rows' lengths add up to {total} tokens, the arrays hold "
-                             f"{sorted({len(arrays[key]) for key in ARRAYS})}")
-    ends = np.cumsum(lengths)[:-1]
-    split = {key: np.split(arrays[key], ends) if len(lengths) else [] for key in ARRAYS}
-    rows = [{key: split[key][i] for key in ARRAYS} for i in range(len(lengths))]
+
+
+def _add_optional(arrays: dict, rows: list[dict], lengths: np.ndarray) -> None:
+    """Give the rows marked in ``<name>_rows`` their slice of each ``OPTIONAL`` array."""
     for key in OPTIONAL:
         if f"{key}_rows" not in arrays:
             continue
         present = arrays[f"{key}_rows"].astype(bool)
-        having = lengths[present]
+        having = lengths[present] if len(present) == len(rows) else lengths[:0]
         if len(present) != len(rows) or len(arrays[key]) != int(having.sum()):
             raise BatchFileError(f"{key} does not fit the rows that say they have it")
+        if not present.any():
+            continue
         for i, values in zip(np.flatnonzero(present), np.split(arrays[key], np.cumsum(having)[:-1]), strict=True):
             rows[i][key] = values
-    return {**{key: meta[key] for key in HEADER if key in meta}, "micro_batches": rows}
 
 
 def _metadata(data: bytes) -> dict:
