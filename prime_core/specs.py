@@ -444,10 +444,15 @@ class WeightTransport(Spec):
     unsharded tensors to publish (``None`` when the model itself holds them, a
     ``prime_core.weights.Adapter`` in LoRA runs). ``loader(config)`` is used by the
     orchestrator to find the newest published version.
+
+    ``loads_every_version``: the trainer waits for inference to take each version it
+    publishes (a broadcast over a process group): the orchestrator then loads the last
+    version too (``max_steps``) before it exits, so that the trainer's last publish is met.
     """
 
     publisher: Ref = ref()
     loader: Ref = ref()
+    loads_every_version: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

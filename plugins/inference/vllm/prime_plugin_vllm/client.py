@@ -145,7 +145,12 @@ class VLLMClient:
 
     async def load_weights(self, step: int, path: str) -> str | None:
         from prime_core.weights import is_adapter
+        from prime_plugin_vllm.broadcast import is_broadcast
 
+        if is_broadcast(path):  # the nccl transport: the tensors come from the trainer's group
+            await asyncio.to_thread(self.admin.receive_weights, path)
+            self.model = self.base_model
+            return None
         if not is_adapter(Path(path)):
             await asyncio.to_thread(self.admin.update_weights, path)
             self.model = self.base_model  # full weights: requests go to the base model again
