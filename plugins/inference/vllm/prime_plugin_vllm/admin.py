@@ -165,9 +165,9 @@ class VLLMAdmin:
         body = _rpc("prime_receive_weights", descriptor=str(descriptor), label=self.root)
         response = self._post("/collective_rpc", f"receiving policy weights ({descriptor})", json=body, timeout=wait)
         results = response.json().get("results", []) if response.content else []
-        if not self.reset_prefix_cache():
-            log.warning("vLLM at %s kept its prefix cache after the weight update: requests still "
-                        "running hold KV blocks; their prefixes may be reused once", self.root)
+        # One try: while requests run vLLM keeps the cache, and the client's per-version
+        # cache_salt already keeps new requests off the old blocks.
+        self.reset_prefix_cache(attempts=1)
         return results[0] if results else {}
 
     def load_adapter(self, name: str, path: str | Path) -> None:
