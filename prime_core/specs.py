@@ -337,7 +337,9 @@ class InferenceBackend(Spec):
       connection failures are the client's to retry; what remains is raised.
     - ``async load_weights(step: int, path: str) -> str | None``: serve the policy the trainer
       published for ``step`` in the folder ``path`` (on a filesystem the server shares): full
-      Hugging Face weights, or a PEFT LoRA adapter (``adapter_config.json`` in the folder).
+      Hugging Face weights, a PEFT LoRA adapter (``adapter_config.json`` in the folder), or
+      what a weight transport the backend also provides leaves there instead (the ``nccl``
+      transport's ``BROADCAST.json``: receive the tensors from the trainer's process group).
       How is the backend's business (a live reload; a new adapter name per step and unloading
       old adapters); requests already running may finish on the previous weights. Returns a
       few words for the log (``"LoRA adapter <name>"``), or ``None``.

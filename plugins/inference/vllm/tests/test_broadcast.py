@@ -15,6 +15,8 @@ import pytest
 
 from prime_core.errors import PrimeError
 
+pytest_plugins = ["prime_core.testing"]
+
 RECEIVER = r"""
 import sys, time, torch
 from pathlib import Path
@@ -154,3 +156,19 @@ def test_lora_adapters_go_through_the_filesystem(tmp_path):
     adapter = Adapter({"base_model.model.x.lora_A.weight": torch.ones(2, 4)}, {"peft_type": "LORA", "r": 2})
     folder = publisher(tmp_path, 1).publish(None, 1, adapter)
     assert is_adapter(folder) and (folder / "STABLE").exists()
+
+
+def test_prime_run_counts_the_receivers_and_refuses_a_backend_without_vllm(prime_cli, tmp_path):
+    import json
+
+    example = Path(__file__).resolve().parents[4] / "examples" / "cpu" / "rl.toml"
+    args = ["run", str(example), "--model.name", "Qwen/Qwen3-0.6B", "--weight-broadcast.type", "nccl",
+            "--dry-run", "--inference.parallel.dp", "2", "--inference.parallel.tp", "1"]
+    result = prime_cli(*args, "--output-dir", str(tmp_path / "a"), env={"HF_HUB_OFFLINE": "0"})
+    assert result.exit_code == 0, result.output
+    for role in ("trainer", "orchestrator"):
+        section = json.loads((tmp_path / "a" / "configs" / f"{role}.json").read_text())["weight_broadcast"]
+        assert (section["type"], section["inference_world_size"]) == ("nccl", 2)
+    refused = prime_cli(*args, "--inference.backend", "transformers", "--output-dir", str(tmp_path / "b"),
+                        env={"HF_HUB_OFFLINE": "0"})
+    assert "weight_broadcast.type = 'nccl' sends the weights into vLLM's workers" in " ".join(refused.output.split())
