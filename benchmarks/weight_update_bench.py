@@ -266,8 +266,14 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("a") as f:
             for row in rows:
-                f.write(json.dumps({**row, "when": stamp, "host_cpus": os.cpu_count()}) + "\n")
+                f.write(json.dumps({**row, "when": stamp, "host_cpus": os.cpu_count(), "commit": _commit()}) + "\n")
     return 0
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent)
+    return done.stdout.strip() or "unknown"
 
 
 if __name__ == "__main__":

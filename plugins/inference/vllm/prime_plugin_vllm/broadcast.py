@@ -82,13 +82,14 @@ def make_group(store, rank: int, size: int, *, device, timeout: float):
     return dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=timeout))
 
 
-def _broadcast(group, tensor, timeout: float) -> None:
+def _broadcast(group, tensor, timeout: float):
+    """Start broadcasting ``tensor`` from rank 0; returns the work to ``wait()`` for."""
     import torch.distributed as dist
 
     options = dist.BroadcastOptions()
     options.rootRank, options.rootTensor = 0, 0
     options.timeout = timedelta(seconds=timeout)
-    group.broadcast([tensor], options).wait()
+    return group.broadcast([tensor], options)
 
 
 def buckets(state: dict, bucket_bytes: int) -> list[list[tuple[str, object]]]:
@@ -190,13 +191,22 @@ class Sender:
         raw = json.dumps(header).encode()
         sent = 0
         try:
-            self._send(torch.tensor([len(raw)], dtype=torch.int64))
-            self._send(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+            self._send(torch.tensor([len(raw)], dtype=torch.int64)).wait()
+            self._send(torch.frombuffer(bytearray(raw), dtype=torch.uint8)).wait()
+            # One bucket in flight while the next is packed (and, on the receivers, while the
+            # previous one loads): the transfer overlaps the work on both sides.
+            pending = None
             for part in parts:
                 flat = torch.cat([t.detach().to(self.device).contiguous().reshape(-1).view(torch.uint8)
                                   for _, t in part])
-                self._send(flat)
-                sent += flat.numel()
+                work = self._send(flat)
+                if pending is not None:
+                    pending[0].wait()
+                    sent += pending[1]
+                pending = (work, flat.numel(), flat)
+            if pending is not None:
+                pending[0].wait()
+                sent += pending[1]
         except Exception as exc:
             raise PrimeError(
                 f"weight broadcast of policy v{step} failed after {sent} bytes: an inference worker stopped "
@@ -205,8 +215,8 @@ class Sender:
                      "mid-broadcast stops the run; weight_broadcast.timeout bounds the wait") from None
         return sent
 
-    def _send(self, tensor) -> None:
-        _broadcast(self.group, tensor.to(self.device), self.timeout)
+    def _send(self, tensor):
+        return _broadcast(self.group, tensor.to(self.device), self.timeout)
 
 
 def _reachable_host() -> str:
@@ -313,6 +323,10 @@ class Receiver:
         self.timeout = float(descriptor["timeout"])
         self.device = device
         where = f"{descriptor['host']}:{descriptor['port']}"
+        if backend_for(device) == "nccl":
+            import torch
+
+            torch.cuda.set_device(device)  # NCCL works on the current device
         if descriptor["backend"] != backend_for(device):
             raise RuntimeError(f"the trainer broadcasts over {descriptor['backend']} and this inference worker runs "
                                f"on {device} ({backend_for(device)}): trainer and inference must both use GPUs "
@@ -350,22 +364,33 @@ class Receiver:
 
         try:
             size = torch.zeros(1, dtype=torch.int64, device=self.device)
-            self._recv(size)
+            self._recv(size).wait()
             raw = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
-            self._recv(raw)
+            self._recv(raw).wait()
             header = json.loads(bytes(raw.cpu().numpy()))
         except Exception as exc:
             raise self._failed(step, exc) from None
         if header["step"] != step:
             raise RuntimeError(f"weight broadcast: asked to receive policy v{step} but the trainer sends "
                                f"v{header['step']}: the orchestrator and the trainer are out of step")
+        layouts = []
         for part in header["buckets"]:
             dtypes = [getattr(torch, dtype) for _, dtype, _ in part]
             sizes = [_numel(shape) * torch.empty(0, dtype=dt).element_size()
                      for (_, _, shape), dt in zip(part, dtypes, strict=True)]
-            flat = torch.empty(sum(sizes), dtype=torch.uint8, device=self.device)
+            layouts.append((part, dtypes, sizes))
+
+        def post(index: int):
+            flat = torch.empty(sum(layouts[index][2]), dtype=torch.uint8, device=self.device)
+            return flat, self._recv(flat)
+
+        # The next bucket arrives while vLLM loads this one (the trainer keeps one in flight).
+        incoming = post(0) if layouts else None
+        for index, (part, dtypes, sizes) in enumerate(layouts):
+            flat, work = incoming
             try:
-                self._recv(flat)
+                work.wait()
+                incoming = post(index + 1) if index + 1 < len(layouts) else None
             except Exception as exc:
                 raise self._failed(step, exc) from None
             offset = 0
@@ -373,8 +398,8 @@ class Receiver:
                 yield name, flat[offset:offset + nbytes].view(dtype).view(shape)
                 offset += nbytes
 
-    def _recv(self, tensor) -> None:
-        _broadcast(self.group, tensor, self.timeout)
+    def _recv(self, tensor):
+        return _broadcast(self.group, tensor, self.timeout)
 
     def _failed(self, step: int, exc: Exception) -> RuntimeError:
         where = f"{self.descriptor['host']}:{self.descriptor['port']}"

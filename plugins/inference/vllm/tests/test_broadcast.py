@@ -22,6 +22,9 @@ import sys, time, torch
 from pathlib import Path
 from prime_plugin_vllm.broadcast import Receiver, read_descriptor
 root, out, die_after = Path(sys.argv[1]), Path(sys.argv[3]), int(sys.argv[4])
+device = sys.argv[5]
+if device.startswith("cuda"):
+    torch.cuda.set_device(device)
 steps = [int(s) for s in sys.argv[2].split(",")]
 receiver = None
 for step in steps:
@@ -30,13 +33,13 @@ for step in steps:
         time.sleep(0.02)
     info = read_descriptor(folder)
     if receiver is None:
-        receiver = Receiver(info, device="cpu", label=f"test receiver {out.name}")
+        receiver = Receiver(info, device=device, label=f"test receiver {out.name}")
     got = {}
     try:
         for i, (name, tensor) in enumerate(receiver.receive(step)):
             if die_after >= 0 and i >= die_after:
                 import os; os._exit(3)
-            got[name] = tensor.clone()
+            got[name] = tensor.cpu().clone()
     except RuntimeError as exc:
         print("ERROR:", exc, flush=True)
         sys.exit(2)
@@ -65,9 +68,9 @@ def publisher(out: Path, receivers: int, timeout: float = 20.0, bucket_mb: float
     return BroadcastPublisher(config, output_dir=out)
 
 
-def start_receiver(out: Path, steps, name: str, die_after: int = -1) -> subprocess.Popen:
+def start_receiver(out: Path, steps, name: str, die_after: int = -1, device: str = "cpu") -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", RECEIVER, str(out), ",".join(map(str, steps)), str(out / name),
-                             str(die_after)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             str(die_after), device], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def test_every_version_reaches_every_receiver_exactly(tmp_path):
@@ -91,6 +94,33 @@ def test_every_version_reaches_every_receiver_exactly(tmp_path):
             assert list(got) == ["model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight",
                                  "model.norm.weight"]
             assert all(torch.equal(got[k], sent[k]) and got[k].dtype == sent[k].dtype for k in got)
+
+
+@pytest.mark.gpu
+def test_the_same_protocol_runs_over_nccl_between_two_gpus(tmp_path):
+    """Trainer rank 0 on cuda:0, one receiver on each other GPU: NCCL, the same code."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    torch.cuda.set_device(0)
+    count = torch.cuda.device_count() - 1
+    receivers = [start_receiver(tmp_path, (1, 2), f"r{i}", device=f"cuda:{i + 1}") for i in range(count)]
+    sender = publisher(tmp_path, count)
+    for step in (1, 2):
+        sender.publish(None, step, {k: v.to("cuda:0") for k, v in state(step).items()})
+    outputs = [r.communicate(timeout=120)[0] for r in receivers]
+    assert all(r.returncode == 0 for r in receivers), outputs
+    assert read_descriptor_backend(tmp_path) == "nccl"
+    for i in range(count):
+        got, sent = torch.load(tmp_path / f"r{i}.2.pt"), state(2)
+        assert all(torch.equal(got[k], sent[k]) for k in got) and len(got) == 3
+
+
+def read_descriptor_backend(out: Path) -> str:
+    from prime_plugin_vllm.broadcast import read_descriptor
+
+    return read_descriptor(out / "weights" / "step_2")["backend"]
 
 
 def test_a_receiver_that_dies_mid_broadcast_stops_the_trainer_naming_the_receivers(tmp_path):
@@ -119,7 +149,7 @@ def test_a_trainer_that_dies_mid_broadcast_stops_the_receiver_naming_the_trainer
         "def send(self, t):\n"
         "    count[0] += 1\n"
         "    if count[0] > 3: os._exit(5)\n"  # header size, header, one bucket: then dies
-        "    real(self, t)\n"
+        "    return real(self, t)\n"
         "broadcast.Sender._send = send\n"
         "config = SimpleNamespace(weight_broadcast=SimpleNamespace(host='127.0.0.1', port=0, timeout=8.0, "
         "inference_world_size=1, bucket_mb=0.001))\n"
