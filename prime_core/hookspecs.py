@@ -219,8 +219,10 @@ def prime_tool_parsers() -> Iterable[ToolParser]:
 def prime_weight_transports() -> Iterable[WeightTransport]:
     """Provide ways to publish trainer weights and load them for inference.
 
-    Selected by ``weight_broadcast.type`` (``filesystem``, ``nccl``); called when the trainer
-    and the orchestrator start.
+    Selected by ``weight_broadcast.type`` (``filesystem``, the core's; ``nccl``,
+    prime-plugin-vllm's broadcast over a process group); called when the trainer and the
+    orchestrator start. A transport whose trainer waits for inference to take each version
+    sets ``loads_every_version``.
 
     Example::
 

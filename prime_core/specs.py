@@ -337,7 +337,9 @@ class InferenceBackend(Spec):
       connection failures are the client's to retry; what remains is raised.
     - ``async load_weights(step: int, path: str) -> str | None``: serve the policy the trainer
       published for ``step`` in the folder ``path`` (on a filesystem the server shares): full
-      Hugging Face weights, or a PEFT LoRA adapter (``adapter_config.json`` in the folder).
+      Hugging Face weights, a PEFT LoRA adapter (``adapter_config.json`` in the folder), or
+      what a weight transport the backend also provides leaves there instead (the ``nccl``
+      transport's ``BROADCAST.json``: receive the tensors from the trainer's process group).
       How is the backend's business (a live reload; a new adapter name per step and unloading
       old adapters); requests already running may finish on the previous weights. Returns a
       few words for the log (``"LoRA adapter <name>"``), or ``None``.
@@ -450,10 +452,15 @@ class WeightTransport(Spec):
     unsharded tensors to publish (``None`` when the model itself holds them, a
     ``prime_core.weights.Adapter`` in LoRA runs). ``loader(config)`` is used by the
     orchestrator to find the newest published version.
+
+    ``loads_every_version``: the trainer waits for inference to take each version it
+    publishes (a broadcast over a process group): the orchestrator then loads the last
+    version too (``max_steps``) before it exits, so that the trainer's last publish is met.
     """
 
     publisher: Ref = ref()
     loader: Ref = ref()
+    loads_every_version: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -181,12 +181,8 @@ class WeightBroadcastConfig(Section):
     type: Annotated[str, Selects("weight_transports")] = "filesystem"
     """A weight transport provided by a plugin (``filesystem``, ``nccl``)."""
 
-    # prime-rl's transport settings: prime's transports take their addresses from the launch.
-    host: Annotated[str | None, Noted("prime's transports meet at the address the launcher gives them")] = None
-    port: Annotated[int | None, Noted("prime's transports meet at the address the launcher gives them")] = None
-    timeout: Annotated[int | None, Noted("prime waits for weights as orchestrator.weights_timeout says")] = None
-    inference_world_size: Annotated[int | None, Noted(
-        "prime counts the inference ranks from the [inference] and [deployment] tables")] = None
+    # prime-rl's other transport settings. The `nccl` transport's own keys (host, port, timeout,
+    # inference_world_size) are its plugin's (prime-plugin-vllm).
     quantize_in_weight_transfer: Annotated[bool, Noted("prime sends weights in their training dtype")] = False
     save_format: Annotated[str | None, Noted("prime publishes weights as safetensors")] = None
     save_sharded: Annotated[bool | None, Noted("prime publishes weights as safetensors the server loads")] = None

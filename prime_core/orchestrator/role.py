@@ -123,6 +123,7 @@ class Orchestrator:
         self.rollouts = self.teacher if config.training_mode == "sft" and self.teacher is not None else self.pool
         transport = manager.select("weight_transports", config.weight_broadcast.type, key="weight_broadcast.type")
         self.weights = transport.loader(config, output_dir=config.output_dir)
+        self.loads_every_version = transport.loads_every_version
         self.advantages = manager.select("algorithms", f"advantage:{config.advantage.type}",
                                          key="orchestrator.advantage.type", shown=config.advantage.type).fn
         self.version = 0
@@ -332,6 +333,7 @@ class Orchestrator:
                 self.maybe_evaluate(eval_log)
                 waiting = self._check_weights_wait(waiting, inflight, max(start - 1, step - 1 - config.async_level))
             await self._final_eval(eval_log)
+            await self._take_last_version()
         finally:
             for task in inflight | self.evals:
                 task.cancel()
@@ -342,6 +344,18 @@ class Orchestrator:
             metrics.close()
             if eval_log is not None:
                 eval_log.close()
+
+    async def _take_last_version(self) -> None:
+        """With a transport whose trainer waits for inference to take every version (a
+        broadcast), load the last one before exiting: the trainer's last publish waits for it."""
+        last = self.config.max_steps
+        if not self.loads_every_version or last is None:
+            return
+        since = None
+        while self.version < last:
+            await asyncio.sleep(0.2)
+            await self.load_newest_weights()
+            since = self._check_weights_wait(since, set(), last)
 
     async def _final_eval(self, eval_log) -> None:
         """Wait for evaluations in flight, and evaluate the last policy when its step is due."""

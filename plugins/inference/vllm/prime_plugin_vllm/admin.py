@@ -150,6 +150,26 @@ class VLLMAdmin:
             log.warning("vLLM at %s kept its prefix cache after the weight update: requests still "
                         "running hold KV blocks; their prefixes may be reused once", self.root)
 
+    def receive_weights(self, path: str | Path) -> dict:
+        """Receive the version announced in the folder ``path`` (``BROADCAST.json``, the ``nccl``
+        weight transport) from the trainer's process group, then reset the prefix cache.
+
+        Blocks while the trainer sends; vLLM runs no engine step meanwhile, so requests in
+        flight are held and go on with the new weights."""
+        from prime_plugin_vllm.broadcast import DESCRIPTOR, read_descriptor
+
+        descriptor = Path(path) / DESCRIPTOR
+        # Joining waits for the other receivers and the transfer for the trainer, each bounded
+        # by weight_broadcast.timeout on the worker's side: wait here a little longer than both.
+        wait = 2 * float(read_descriptor(descriptor)["timeout"]) + 60.0
+        body = _rpc("prime_receive_weights", descriptor=str(descriptor), label=self.root)
+        response = self._post("/collective_rpc", f"receiving policy weights ({descriptor})", json=body, timeout=wait)
+        results = response.json().get("results", []) if response.content else []
+        # One try: while requests run vLLM keeps the cache, and the client's per-version
+        # cache_salt already keeps new requests off the old blocks.
+        self.reset_prefix_cache(attempts=1)
+        return results[0] if results else {}
+
     def load_adapter(self, name: str, path: str | Path) -> None:
         """Serve the LoRA adapter folder ``path`` under the model name ``name`` (a new name per
         version: vLLM's in-place reload re-reads the files on every engine step)."""

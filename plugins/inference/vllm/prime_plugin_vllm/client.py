@@ -40,6 +40,10 @@ class VLLMClient:
         self.timeout = timeout
         self.base_model: str | None = None
         self.model: str | None = None
+        self.cache_salt: str | None = None
+        """``cache_salt`` of every request after a full-weights update (``prime-policy-vN``):
+        vLLM hashes prefix-cache blocks with it, so requests of a new version never reuse KV
+        computed under an older one, even where running requests kept the cache from a reset."""
         """The name requests use: the base model, or the newest LoRA adapter."""
         self.adapters: list[str] = []
         self._admin = None
@@ -119,6 +123,8 @@ class VLLMClient:
             body["stop_token_ids"] = list(request.stop_token_ids)
         if request.seed is not None:
             body["seed"] = request.seed
+        if self.cache_salt is not None:
+            body["cache_salt"] = self.cache_salt
         return body
 
     async def sample(self, request: SampleRequest) -> list[Sample]:
@@ -181,10 +187,16 @@ class VLLMClient:
 
     async def load_weights(self, step: int, path: str) -> str | None:
         from prime_core.weights import is_adapter
+        from prime_plugin_vllm.broadcast import is_broadcast
 
+        if is_broadcast(path):  # the nccl transport: the tensors come from the trainer's group
+            await asyncio.to_thread(self.admin.receive_weights, path)
+            self.model, self.cache_salt = self.base_model, f"prime-policy-v{step}"
+            return None
         if not is_adapter(Path(path)):
             await asyncio.to_thread(self.admin.update_weights, path)
             self.model = self.base_model  # full weights: requests go to the base model again
+            self.cache_salt = f"prime-policy-v{step}"
             return None
         name = f"{await self._base_model()}-lora-step-{step}"
         await asyncio.to_thread(self._load_adapter, name, path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from prime_core.config.base import Noted, Section
 
@@ -123,3 +123,42 @@ class VLLMKeys(Section):
         if self.enable_prefix_caching is False:
             options["enable_prefix_caching"] = False
         return options
+
+
+class WeightBroadcastKeys(Section):
+    """prime-rl's ``[weight_broadcast]`` keys of the ``nccl`` transport (``broadcast.py``); with
+    ``type = "filesystem"`` they have nothing to act on."""
+
+    host: str | None = None
+    """The address inference workers reach trainer rank 0 at; unset: its host name."""
+    port: int | None = Field(default=None, ge=0, le=65535)
+    """The port of the group's rendezvous on trainer rank 0; unset or 0: a free one. The
+    address travels to the servers in ``weights/step_N/BROADCAST.json``."""
+    timeout: float | None = Field(default=None, gt=0)
+    """Seconds any side waits for another (all receivers to join, the trainer to send, a
+    receiver to take a bucket) before the run stops naming the side that did not answer;
+    unset: 1200."""
+    inference_world_size: int | None = Field(default=None, ge=1)
+    """Inference workers that receive the weights (replicas x tensor parallel); ``prime run``
+    sets it from ``inference.parallel``."""
+    bucket_mb: float | None = Field(default=None, gt=0)
+    """Size of one broadcast buffer in MiB (tensors are packed into buffers of about this size);
+    unset: 256."""
+
+
+class BroadcastWorldSize(Section):
+    """``prime run``: the receivers of a broadcast are the inference workers it starts."""
+
+    @model_validator(mode="after")
+    def _vllm_broadcast_world_size(self):
+        inference = getattr(self, "inference", None)
+        if inference is None:
+            return self
+        from prime_core.config.rl import infer_nodes
+
+        workers = inference.parallel.dp * inference.parallel.tp * infer_nodes(self.deployment)
+        for owner in (self, self.trainer, self.orchestrator):
+            section = getattr(owner, "weight_broadcast", None)
+            if section is not None and section.type == "nccl" and section.inference_world_size is None:
+                section.inference_world_size = workers
+        return self

