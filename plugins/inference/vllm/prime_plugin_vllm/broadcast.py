@@ -133,10 +133,17 @@ class Sender:
         self.world_size = world_size
         self.device = device
         self.group_id = uuid.uuid4().hex[:12]
-        # Listens on every interface; receivers reach it at the address the descriptor gives.
-        self.store = TCPStore("0.0.0.0", port, world_size=None, is_master=True,
-                              timeout=timedelta(seconds=timeout), wait_for_workers=False)
-        self.port = self.store.port
+        # TCPStore's own server listens on every interface whatever host it is given: listen on
+        # a socket bound to ``host`` instead (every interface only when no host is set).
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host or "0.0.0.0", port))
+        listener.listen(128)
+        self.address, self.port = listener.getsockname()
+        # The store's server owns the socket from here: Python must never close it under it.
+        self.store = TCPStore(host or "127.0.0.1", self.port, world_size=None, is_master=True,
+                              timeout=timedelta(seconds=timeout), wait_for_workers=False,
+                              master_listen_fd=listener.detach(), use_libuv=False)
         self.host = host or _reachable_host()
         self.prefix = PrefixStore(f"prime/{self.group_id}/", self.store)
         self.group = None
@@ -144,6 +151,7 @@ class Sender:
 
     def close(self) -> None:
         self.group = None
+
     def descriptor(self, step: int) -> dict:
         return {"host": self.host, "port": self.port, "group": self.group_id, "world_size": self.world_size,
                 "backend": backend_for(self.device), "timeout": self.timeout, "step": step}

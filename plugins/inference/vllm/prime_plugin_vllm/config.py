@@ -130,7 +130,9 @@ class WeightBroadcastKeys(Section):
     ``type = "filesystem"`` they have nothing to act on."""
 
     host: str | None = None
-    """The address inference workers reach trainer rank 0 at; unset: its host name."""
+    """The address inference workers reach trainer rank 0 at, and the one its rendezvous listens
+    on; ``prime run`` on one machine sets 127.0.0.1; unset (a trainer started alone, several
+    machines): its host name, listening on every interface."""
     port: int | None = Field(default=None, ge=0, le=65535)
     """The port of the group's rendezvous on trainer rank 0; unset or 0: a free one. The
     address travels to the servers in ``weights/step_N/BROADCAST.json``."""
@@ -159,6 +161,10 @@ class BroadcastWorldSize(Section):
         workers = inference.parallel.dp * inference.parallel.tp * infer_nodes(self.deployment)
         for owner in (self, self.trainer, self.orchestrator):
             section = getattr(owner, "weight_broadcast", None)
-            if section is not None and section.type == "nccl" and section.inference_world_size is None:
+            if section is None or section.type != "nccl":
+                continue
+            if section.inference_world_size is None:
                 section.inference_world_size = workers
+            if section.host is None and self.deployment.type == "single_node":
+                section.host = "127.0.0.1"  # every role on this machine: nothing listens beyond it
         return self

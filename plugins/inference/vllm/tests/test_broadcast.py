@@ -188,6 +188,21 @@ def test_lora_adapters_go_through_the_filesystem(tmp_path):
     assert is_adapter(folder) and (folder / "STABLE").exists()
 
 
+def test_the_rendezvous_listens_only_where_its_host_says():
+    from prime_plugin_vllm.broadcast import Sender
+
+    loopback = Sender(host="127.0.0.1", port=0, world_size=2, device="cpu", timeout=5)
+    everywhere = Sender(host=None, port=0, world_size=2, device="cpu", timeout=5)
+    try:
+        assert loopback.address == "127.0.0.1"
+        assert everywhere.address == "0.0.0.0"  # several machines: the host name is advertised
+        loopback.prefix.set("probe", "1")  # the store serves on the socket it was given
+        assert loopback.prefix.get("probe") == b"1"
+    finally:
+        loopback.close()
+        everywhere.close()
+
+
 def test_prime_run_counts_the_receivers_and_refuses_a_backend_without_vllm(prime_cli, tmp_path):
     import json
 
@@ -199,6 +214,7 @@ def test_prime_run_counts_the_receivers_and_refuses_a_backend_without_vllm(prime
     for role in ("trainer", "orchestrator"):
         section = json.loads((tmp_path / "a" / "configs" / f"{role}.json").read_text())["weight_broadcast"]
         assert (section["type"], section["inference_world_size"]) == ("nccl", 2)
+        assert section["host"] == "127.0.0.1", "every role on this machine: the rendezvous stays on loopback"
     refused = prime_cli(*args, "--inference.backend", "transformers", "--output-dir", str(tmp_path / "b"),
                         env={"HF_HUB_OFFLINE": "0"})
     assert "weight_broadcast.type = 'nccl' sends the weights into vLLM's workers" in " ".join(refused.output.split())
