@@ -70,16 +70,22 @@ def backend_for(device) -> str:
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
-def make_group(store, rank: int, size: int, *, device, timeout: float):
+def make_group(store, rank: int, size: int, *, device, timeout: float, host: str):
     """A process group of ``size`` over ``store`` outside torch.distributed's default group (the
-    trainer and vLLM each have their own): NCCL for CUDA devices, gloo otherwise."""
+    trainer and vLLM each have their own): NCCL for CUDA devices, gloo otherwise. ``host`` is
+    the rendezvous's address: when it is loopback, gloo's own connections stay on loopback too."""
     import torch.distributed as dist
 
     if backend_for(device) == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timedelta(seconds=timeout)
         return dist.ProcessGroupNCCL(store, rank, size, options)
-    return dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=timeout))
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timedelta(seconds=timeout)
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1") if loopback
+                        else dist.ProcessGroupGloo.create_default_device()]
+    return dist.ProcessGroupGloo(store, rank, size, options)
 
 
 def _broadcast(group, tensor, timeout: float):
@@ -185,7 +191,8 @@ class Sender:
                          "weight_broadcast.inference_world_size must be the number of inference workers "
                          "(replicas x tensor parallel)")
             time.sleep(0.05)
-        self.group = make_group(self.prefix, 0, self.world_size, device=self.device, timeout=self.timeout)
+        self.group = make_group(self.prefix, 0, self.world_size, device=self.device, timeout=self.timeout,
+                                host=self.host)
 
     def send(self, step: int, state: dict, bucket_bytes: int) -> int:
         """Version ``step``'s tensors to every receiver; returns the bytes sent."""
@@ -357,7 +364,8 @@ class Receiver:
         # ("terminate called without an active exception"): drop it first.
         atexit.register(self.close)
         try:
-            self.group = make_group(self.prefix, self.rank, size, device=device, timeout=self.timeout)
+            self.group = make_group(self.prefix, self.rank, size, device=device, timeout=self.timeout,
+                                    host=descriptor["host"])
         except Exception as exc:
             raise RuntimeError(f"joining the weight broadcast group at {where} as rank {self.rank} failed: {exc}; "
                                "the trainer (rank 0) or another inference worker did not join in "
