@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from prime_core.orchestrator.batch import batch_file, read_batch
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/install.sh)"),
@@ -131,10 +133,10 @@ def test_on_policy_distillation_with_a_vllm_teacher(tmp_path):
 
     # The teacher's numbers are its log-probabilities of the student's tokens: vLLM's prefill
     # against a Hugging Face forward of the teacher, on sampled tokens only (mask 1).
-    batch = json.loads((out / "rollouts" / "step_1" / "batch.json").read_text())
+    batch = read_batch(batch_file(out, 1))
     assert batch["training_mode"] == "opd"
     model = AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32).eval()
-    row = batch["micro_batches"][0]
+    row = {key: values.tolist() for key, values in batch["micro_batches"][0].items()}
     starts = [i for i, p in enumerate(row["position_ids"]) if p == 0] + [len(row["input_ids"])]
     worst, scored = 0.0, 0
     for a, b in zip(starts, starts[1:], strict=False):
