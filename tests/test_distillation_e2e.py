@@ -9,7 +9,6 @@ import importlib.util
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from prime_core.orchestrator.batch import batch_file, read_batch
+from prime_core.testing import free_ports
 
 pytestmark = [
     pytest.mark.slow,
@@ -64,22 +64,6 @@ port = {port}
 [teacher_inference.model]
 name = "{teacher}"
 """
-
-
-def free_ports(count: int) -> int:
-    """The first of ``count`` consecutive free ports (the teacher's server takes the next one)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            first = s.getsockname()[1]
-        try:
-            for port in range(first + 1, first + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def prime(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:

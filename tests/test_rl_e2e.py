@@ -18,6 +18,7 @@ import pytest
 
 from prime_core.orchestrator.env import Task
 from prime_core.orchestrator.expected import expected_exact_match
+from prime_core.testing import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_SUMS = [
@@ -37,20 +38,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def free_ports(count: int) -> int:
-    """The first of ``count`` consecutive free ports (inference replicas take port, port + 1, ...)."""
-    for _ in range(100):
-        first = free_port()
-        try:
-            for port in range(first + 1, first + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def prime(*args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:

@@ -36,6 +36,7 @@ it as a plugin, too late for assertion rewriting, which it does not need (it ass
 from __future__ import annotations
 
 import importlib
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +55,23 @@ def fresh_manager(*, autoload: bool = False) -> PluginManager:
         manager.load()
         manager.register(prime_core.builtin, name="core", dist="prime-core", check_api=True)
     return manager.load()
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports free on 127.0.0.1 (replicas and a teacher server
+    take port, port + 1, ...)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            first = s.getsockname()[1]
+        try:
+            for port in range(first + 1, first + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def config_only_model(folder: Path, **config) -> Path:

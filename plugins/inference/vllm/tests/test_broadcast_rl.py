@@ -10,7 +10,6 @@ import importlib.util
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from prime_core.testing import free_ports
+
 ROOT = Path(__file__).resolve().parents[4]
 EXAMPLE = ROOT / "examples" / "cpu" / "rl.toml"
 
@@ -26,21 +27,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/install.sh)"),
 ]
-
-
-def free_ports(count: int) -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            first = s.getsockname()[1]
-        try:
-            for port in range(first, first + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def records(out: Path, role: str) -> list[dict]:

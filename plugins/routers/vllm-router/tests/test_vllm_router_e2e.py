@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from prime_core.testing import free_ports
+
 ROOT = Path(__file__).resolve().parents[4]
 EXAMPLE = ROOT / "examples" / "cpu" / "rl.toml"
 
@@ -38,22 +40,6 @@ LEARNABLE = ["--orchestrator.env", '[{"id": "reverse_text", "args": {"alphabet":
              "--orchestrator.batch-size", "64",
              # two servers on one CPU machine: let the OS place their workers (vLLM binds each to core 0)
              "--inference.env", '{"VLLM_CPU_OMP_THREADS_BIND": "nobind"}']
-
-
-def free_ports(count: int) -> int:
-    """The first of ``count`` consecutive free ports."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            first = s.getsockname()[1]
-        try:
-            for port in range(first + 1, first + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def records(out: Path, role: str) -> list[dict]:
