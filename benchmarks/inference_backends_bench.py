@@ -10,6 +10,9 @@ repeated ``repeats`` times after a warm-up round. Prints a table and appends JSO
     python benchmarks/inference_backends_bench.py                 # the CPU example's tiny model
     python benchmarks/inference_backends_bench.py --model DIR --concurrency 64 256 --max-tokens 128
     python benchmarks/inference_backends_bench.py --tiny          # seconds: a smoke run (tests)
+    python3 benchmarks/inference_backends_bench.py --model DIR --dtype bfloat16 \
+        --variant sdpa transformers '{}' --variant graphs transformers '{"use_cuda_graph": true}'
+                                                                  # one backend's settings side by side
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ def build_model(folder: Path, hidden_size: int, num_layers: int) -> Path:
     return folder
 
 
+def device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
 def backend_spec(name: str):
     from prime_core.plugins import get_plugin_manager
 
@@ -57,11 +66,16 @@ def backend_spec(name: str):
 class Served:
     """``prime inference`` with one backend, started and stopped around a ``with`` block."""
 
-    def __init__(self, backend: str, model: Path, out: Path, args: argparse.Namespace) -> None:
+    def __init__(self, backend: str, model: Path, out: Path, args: argparse.Namespace,
+                 backend_args: dict | None = None) -> None:
         self.backend, self.port, self.out = backend, free_port(), out
         self.command = [sys.executable, "-m", "prime_core", "inference", "--backend", backend, "--model.name",
-                        str(model), "--model.dtype", "float32", "--model.max-model-len", str(args.max_model_len),
+                        str(model), "--model.dtype", args.dtype, "--model.max-model-len", str(args.max_model_len),
                         "--server.port", str(self.port), "--output-dir", str(out)]
+        if args.gpu_memory_utilization is not None:
+            self.command += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+        if backend_args:
+            self.command += ["--args", json.dumps(backend_args)]
         if backend == "vllm":
             self.command.append("--model.enforce-eager")  # as the CPU example: no compilation on a CPU
         self.url = f"http://127.0.0.1:{self.port}/v1"
@@ -106,7 +120,7 @@ async def one_round(client, prompts: list[list[int]], group: int, max_tokens: in
     return seconds, sum(len(a) for a in answers), sum(len(s.token_ids) for a in answers for s in a)
 
 
-def measure(spec, served: Served, args: argparse.Namespace, vocab: int) -> list[dict]:
+def measure(spec, served: Served, args: argparse.Namespace, vocab: int, label: str) -> list[dict]:
     rng = random.Random(0)
     client_of = spec.client
 
@@ -120,13 +134,13 @@ def measure(spec, served: Served, args: argparse.Namespace, vocab: int) -> list[
                 await one_round(client, prompts[:max(1, count // 4)], args.group, args.max_tokens)  # warm-up
                 runs = [await one_round(client, prompts, args.group, args.max_tokens) for _ in range(args.repeats)]
                 rates = [tokens / seconds for seconds, _, tokens in runs]
-                rows.append({"backend": spec.name, "concurrency": count * args.group, "requests": count,
+                rows.append({"backend": label, "concurrency": count * args.group, "requests": count,
                              "group": args.group, "max_tokens": args.max_tokens, "prompt_len": args.prompt_len,
                              "samples": runs[0][1], "tokens": [t for _, _, t in runs],
                              "seconds": [round(s, 3) for s, _, _ in runs], "tokens_per_s": [round(r, 1) for r in rates],
                              "median_tokens_per_s": round(statistics.median(rates), 1),
                              "best_tokens_per_s": round(max(rates), 1)})
-                print(f"  {spec.name}: {count * args.group} concurrent samples: "
+                print(f"  {label}: {count * args.group} concurrent samples: "
                       f"{', '.join(f'{r:.0f}' for r in rates)} tokens/s", flush=True)
         finally:
             await client.close()
@@ -168,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="folder for the model and the servers' outputs (default: a "
                                                   "temporary one)")
     parser.add_argument("--out", type=Path, help="append one JSON line per backend and concurrency here")
+    parser.add_argument("--dtype", default="float32", help="the served model's dtype (bfloat16 on a GPU)")
+    parser.add_argument("--gpu-memory-utilization", type=float, help="inference.gpu_memory_utilization")
+    parser.add_argument("--variant", nargs=3, action="append", metavar=("LABEL", "BACKEND", "ARGS_JSON"),
+                        help="serve BACKEND with inference.args = ARGS_JSON, labelled LABEL (repeatable; replaces "
+                             "--backends)")
     parser.add_argument("--tiny", action="store_true", help="a smoke run in seconds: a smaller model, 8 and 16 "
                                                             "concurrent samples of 8 tokens, once")
     args = parser.parse_args(argv)
@@ -178,18 +197,20 @@ def main(argv: list[str] | None = None) -> int:
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     rows, skipped = [], []
-    for name in args.backends:
+    variants = [(label, name, json.loads(raw)) for label, name, raw in args.variant or []]
+    for label, name, backend_args in variants or [(name, name, {}) for name in args.backends]:
         spec, why = backend_spec(name)
         if why:
             skipped.append(f"{name}: {why}")
-            print(f"skipping {name}: {why}", flush=True)
+            print(f"skipping {label}: {why}", flush=True)
             continue
-        with Served(name, model, work / f"serve-{name}", args) as served:
+        with Served(name, model, work / f"serve-{label}", args, backend_args) as served:
             started = served.wait_healthy(spec.client(served.url, api_key=None, timeout=10.0), args.startup_timeout)
-            print(f"{name}: healthy after {started:.1f} s", flush=True)
-            for row in measure(spec, served, args, vocab):
-                rows.append({**row, "model": str(model), "startup_s": round(started, 1), "when": stamp,
-                             "host_cpus": os.cpu_count()})
+            print(f"{label}: healthy after {started:.1f} s", flush=True)
+            for row in measure(spec, served, args, vocab, label):
+                rows.append({**row, "backend_name": name, "args": backend_args, "model": str(model),
+                             "dtype": args.dtype, "startup_s": round(started, 1), "when": stamp,
+                             "host_cpus": os.cpu_count(), "device": device_name()})
     print(table(rows))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -3,11 +3,13 @@
 # device call (the machine has no vLLM; benchmarks/device_setup.sh installs prime first):
 #   bash benchmarks/transformers_gpu.sh tests      # the backend's GPU tests, contract suite and engine tests
 #   bash benchmarks/transformers_gpu.sh 0.6b-async 0.6b-sync 1.7b-async 1.7b-sync   # prime run, one GPU
+#   bash benchmarks/transformers_gpu.sh variants   # the 0.6B server alone under several inference.args
 #   bash benchmarks/transformers_gpu.sh table      # the table of everything under $OUT
 # Each run phase is one `prime run` (transformers_rl_bench.py); GPUS=2 splits inference and trainer over two
 # GPUs instead of sharing GPU 0. Results: $OUT/results.jsonl; each run's metrics and logs in $OUT/<shape>-async<k>/
 # (models and checkpoints stay in /tmp: gigabytes).
-# Knobs (environment): STEPS (10), BATCH (256 samples), MAX_TOKENS (256), UTIL (0.35 of the GPU for inference).
+# Knobs (environment): STEPS (10), BATCH (256 samples), MAX_TOKENS (256), UTIL (0.35 of the GPU for inference),
+# ARGS (inference.args of the runs, JSON), VARIANTS ("LABEL JSON;LABEL JSON;..." for the variants phase).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/prime-transformers}
@@ -17,7 +19,8 @@ bench() {  # bench SHAPE ASYNC_LEVEL
   timeout 580 python3 benchmarks/transformers_rl_bench.py --out "$OUT" --work /tmp/prime-transformers-runs \
     --models /tmp/prime-transformers-models --shapes "$1" --async-levels "$2" \
     --gpus "${GPUS:-1}" --steps "${STEPS:-10}" --batch-size "${BATCH:-256}" --max-tokens "${MAX_TOKENS:-256}" \
-    --gpu-memory-utilization "${UTIL:-0.35}" --timeout 420 || echo "bench $1 async_level=$2 exited $?"
+    --gpu-memory-utilization "${UTIL:-0.35}" --timeout 420 ${ARGS:+-- --inference.args "$ARGS"} \
+    || echo "bench $1 async_level=$2 exited $?"
 }
 for phase in "$@"; do
   case "$phase" in
@@ -30,7 +33,19 @@ for phase in "$@"; do
     0.6b-sync) bench qwen3-0.6b 0 ;;
     1.7b-async) bench qwen3-1.7b 1 ;;
     1.7b-sync) bench qwen3-1.7b 0 ;;
+    variants)
+      python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; \
+from transformers_rl_bench import build_model; build_model(Path('/tmp/prime-transformers-models/qwen3-0.6b'), \
+'qwen3-0.6b', 'bfloat16')"
+      variant_args=()
+      IFS=';' read -ra specs <<< "${VARIANTS:-sdpa {\}}"
+      for spec in "${specs[@]}"; do variant_args+=(--variant "${spec%% *}" transformers "${spec#* }"); done
+      timeout 560 python3 benchmarks/inference_backends_bench.py --model /tmp/prime-transformers-models/qwen3-0.6b \
+        --dtype bfloat16 --gpu-memory-utilization "${UTIL:-0.35}" --concurrency ${CONCURRENCY:-256} --group 8 \
+        --max-tokens "${MAX_TOKENS:-256}" --prompt-len 48 --max-model-len 2048 --repeats 1 \
+        --work /tmp/prime-backends --out "$OUT/backends_gpu.jsonl" "${variant_args[@]}" \
+        || echo "variants exited $?" ;;
     table) python3 benchmarks/transformers_rl_bench.py table --out "$OUT" ;;
-    *) echo "unknown phase $phase (tests, 0.6b-async, 0.6b-sync, 1.7b-async, 1.7b-sync, table)"; exit 2 ;;
+    *) echo "unknown phase $phase (tests, 0.6b-async, 0.6b-sync, 1.7b-async, 1.7b-sync, variants, table)"; exit 2 ;;
   esac
 done

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from prime_plugin_transformers import torch_flash
+
 CPU_MEMORY_BYTES = 256 * 1024**2
 CPU_MAX_BATCH_TOKENS = 1024
 """Tokens per forward pass on a CPU (transformers' default, 8192, sizes attention masks for a GPU)."""
@@ -118,6 +120,11 @@ def settings(config, model, *, device: str, fields: set[str]) -> dict[str, Any]:
         free, total = torch.cuda.mem_get_info()
         out["max_memory_percent"] = gpu_memory_percent(config.gpu_memory_utilization, total=total, free=free,
                                                        held=torch.cuda.memory_reserved())
+    if device != "cpu" and model.config._attn_implementation.removeprefix("paged|") == torch_flash.NAME:
+        # The manager turns these on by default for "flash" names only; on one H100 (0.6B shape, 256
+        # concurrent samples) they take the varlen kernel from 5,472 to 7,576 and 8,810 tokens/s.
+        out["use_cuda_graph"] = True
+        out["use_async_batching"] = True
     if "auto_switch_to_flash" in fields and model.dtype.itemsize == 4:
         out["auto_switch_to_flash"] = False  # flash attention has no float32 kernels
     out.update(args)

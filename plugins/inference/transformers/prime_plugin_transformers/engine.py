@@ -61,6 +61,22 @@ def resolve_dtype(name: str, model_dir: str):
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
+def choose_attention(requested: str | None, dtype) -> str:
+    """``inference.args.attn_implementation``, or by default torch's flash varlen kernel where it
+    runs (a CUDA GPU, bf16 / fp16) and ``sdpa`` elsewhere."""
+    from prime_plugin_transformers import torch_flash
+
+    if requested not in (None, torch_flash.NAME):
+        return requested
+    why = torch_flash.unavailable_reason(dtype)
+    if why is None:
+        torch_flash.register()
+        return torch_flash.NAME
+    if requested is not None:
+        raise ValueError(f"inference.args.attn_implementation = {requested!r}: {why}; use 'sdpa'")
+    return "sdpa"
+
+
 class Engine:
     """Loads ``config.model`` (an ``inference`` config) and serves it; ``use_pause=False``
     forces the drain path that transformers versions without ``pause()`` take."""
@@ -101,7 +117,7 @@ class Engine:
         started = time.perf_counter()
         self.model = AutoModelForCausalLM.from_pretrained(
             cfg.model.name, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code,
-            attn_implementation=model_args.get("attn_implementation", "sdpa")).to(device).eval()  # no accelerate
+            attn_implementation=choose_attention(model_args.get("attn_implementation"), dtype)).to(device).eval()
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or cfg.model.name,
                                                            trust_remote_code=cfg.model.trust_remote_code)

@@ -99,3 +99,37 @@ def test_the_server_stays_within_its_gpu_memory_share(model, tmp_path):
         assert held >= 0.1 * total, f"only {held / 2**30:.2f} GiB held: the KV cache was not sized from the share"
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("attention", ["prime_varlen", "sdpa"])
+def test_sampled_logprobs_match_a_plain_forward_pass(model, tmp_path, attention):
+    """Continuous batching on torch's flash varlen kernel (the default on a GPU) and on paged sdpa:
+    the log-probabilities of the sampled tokens, from concurrent requests of different lengths,
+    against one plain forward pass of prompt and completion (transformers' sdpa, no cache)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from prime_core.cli.common import load_config
+    from prime_plugin_transformers.engine import Engine
+
+    config = load_config("inference", ["--model.name", str(model), "--backend", "transformers", "--output-dir",
+                                       str(tmp_path), "--gpu-memory-utilization", "0.2", "--model.dtype", "bfloat16",
+                                       "--args", json.dumps({"attn_implementation": attention})])
+    engine = Engine(config)
+    engine.load()
+    try:
+        assert engine.model.config._attn_implementation.removeprefix("paged|") == attention
+        prompts = [[(7 * i + j) % 200 + 5 for j in range(3 + 37 * i)] for i in range(8)]
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            answers = list(pool.map(lambda p: engine.sample({"prompt_ids": p, "n": 4, "max_tokens": 40,
+                                                             "temperature": 1.0}), prompts))
+        diffs = []
+        with engine._exclusive():
+            for prompt, samples in zip(prompts, answers, strict=True):
+                for s in samples:
+                    reference = engine._logprobs(prompt, s["token_ids"])
+                    diffs += [abs(a - b) for a, b in zip(s["logprobs"], reference, strict=True)]
+    finally:
+        engine.stop()
+    mean, worst = sum(diffs) / len(diffs), max(diffs)
+    print(f"{attention}: {len(diffs)} sampled tokens, |logprob - plain forward| mean {mean:.2e}, max {worst:.2e}")
+    assert mean < 2e-2 and worst < 0.5
