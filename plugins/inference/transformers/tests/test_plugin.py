@@ -152,6 +152,44 @@ def test_gpu_memory_utilization_bounds_what_the_server_holds_in_all():
         gpu_memory_percent(0.05, total=80 * gib, free=70 * gib, held=4 * gib)
 
 
+def test_attention_defaults_to_prime_varlen_only_where_it_runs():
+    import torch
+
+    from prime_plugin_transformers import torch_flash
+    from prime_plugin_transformers.engine import choose_attention
+
+    assert torch_flash.unavailable_reason(torch.float32) is not None
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU fallbacks")
+    assert choose_attention(None, torch.bfloat16) == "sdpa"
+    assert choose_attention("eager", torch.bfloat16) == "eager"
+    with pytest.raises(ValueError, match="inference.args.attn_implementation = 'prime_varlen': it needs a CUDA GPU"):
+        choose_attention("prime_varlen", torch.bfloat16)
+
+
+def test_prime_varlen_turns_on_cuda_graphs_and_async_batching_unless_args_say_otherwise():
+    from types import SimpleNamespace
+
+    import torch
+
+    from prime_plugin_transformers.cb_config import cb_fields, settings
+
+    def config(args):
+        return SimpleNamespace(args=args, gpu_memory_utilization=0.5)
+
+    def model(attention):
+        return SimpleNamespace(dtype=torch.bfloat16, config=SimpleNamespace(_attn_implementation=attention))
+
+    fields = cb_fields()
+    out = settings(config({"num_blocks": 64}), model("paged|prime_varlen"), device="cuda", fields=fields)
+    assert out["use_cuda_graph"] is True and out["use_async_batching"] is True
+    out = settings(config({"num_blocks": 64, "use_cuda_graph": False}), model("prime_varlen"), device="cuda",
+                   fields=fields)
+    assert out["use_cuda_graph"] is False
+    out = settings(config({"num_blocks": 64}), model("paged|sdpa"), device="cuda", fields=fields)
+    assert "use_cuda_graph" not in out and "use_async_batching" not in out
+
+
 def free_port() -> int:
     import socket
 
