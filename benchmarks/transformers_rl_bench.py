@@ -83,10 +83,12 @@ def run_config(args: argparse.Namespace, async_level: int, gpu: bool) -> str:
         f"max_off_policy_steps = {async_level + 1}", f"async_level = {async_level}", "",
         "[orchestrator.sampling]", "temperature = 1.0", f"max_tokens = {args.max_tokens}", "",
         "[[orchestrator.env]]", 'id = "reverse_text"', "args = { min_len = 8, max_len = 16 }", "",
-        "[inference]", 'backend = "transformers"', f"gpu_memory_utilization = {args.gpu_memory_utilization}",
+        "[inference]", f'backend = "{args.backend}"', f"gpu_memory_utilization = {args.gpu_memory_utilization}",
         "startup_timeout = 900", "",
         "[inference.model]", f'dtype = "{args.dtype}"', f"max_model_len = {args.seq_len}", "",
     ]
+    if args.backend == "vllm" and not gpu:
+        lines.insert(-1, "enforce_eager = true")  # as the CPU example: no compilation on a CPU
     if gpu:
         first = args.first_gpu
         trainer = [first] if args.gpus == 1 else list(range(first + 1, first + args.gpus))
@@ -103,7 +105,8 @@ def free_port() -> int:
 
 
 def run_one(args: argparse.Namespace, shape: str, model: Path, async_level: int, gpu: bool) -> Path:
-    out = args.work / f"{shape}-async{async_level}"
+    backend = "" if args.backend == "transformers" else f"-{args.backend}"
+    out = args.work / f"{shape}{backend}-async{async_level}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "rl.toml").write_text(run_config(args, async_level, gpu))
     port = free_port()
@@ -164,11 +167,16 @@ def summarize(out: Path, skip: int, batch_size: int) -> dict | None:
     measured = [r for r in trainer if r["step"] > skip]
     walls = [b["time"] - a["time"] for a, b in zip(trainer, trainer[1:], strict=False) if b["step"] > skip]
     port = (out / "port").read_text().strip()
-    log = (run / "logs" / f"transformers-{port}.log").read_text().splitlines()
+    server_log = run / "logs" / f"transformers-{port}.log"
+    log = server_log.read_text().splitlines() if server_log.exists() else []
     loads = [(int(m[2]), _epoch(m[1]), float(m[3])) for m in map(LOADED.match, log) if m]
     served = [(int(m[4]), int(m[2]), int(m[3]), float(m[5])) for m in map(SERVED.match, log) if m]
     window = [s for s in served if skip <= s[0] < trainer[-1]["step"]]  # versions of the steady state
     samples, tokens, busy = (sum(s[i] for s in window) for i in (1, 2, 3))
+    if not server_log.exists():  # vLLM: the orchestrator's sampling time per step, waiting on the server
+        sampled = [r for r in rows if r["role"] == "orchestrator" and r["step"] > skip]
+        samples, busy = sum(r["samples"] for r in sampled), sum(r["step_time"] for r in sampled)
+        tokens = sum(r["sample_tokens_per_s"] * r["step_time"] for r in sampled)
     step_time, train_time = statistics.median(walls), statistics.median(r["step_time"] for r in measured)
     inference_time = busy / samples * batch_size if samples else float("nan")
     steady_loads = [(step, at, seconds) for step, at, seconds in loads if step > skip]
@@ -240,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per prime run")
     parser.add_argument("--tiny", action="store_true", help="the CPU example's tiny shape on this machine's CPU: "
                                                             "3+ steps of 64 samples, in float32")
+    parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm"],
+                        help="vllm: inference time is the orchestrator's sampling time per step (no weight load "
+                             "figures); its runs are named SHAPE-vllm-async<k>")
     parser.add_argument("extra", nargs="*", help="more `prime run` arguments, after --")
     args = parser.parse_args(argv[1:] if only_table else argv)
     if only_table:
