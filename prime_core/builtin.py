@@ -86,7 +86,8 @@ def prime_tool_parsers():
 def prime_weight_transports():
     return [WeightTransport(name="filesystem", publisher="prime_core.weights:FilesystemPublisher",
                             loader="prime_core.weights:FilesystemLoader",
-                            description="safetensors under output_dir/weights/step_N with a STABLE marker")]
+                            description="safetensors under output_dir/weights/step_N with a STABLE marker",
+                            publishes_in_background=True)]
 
 
 @hookimpl

@@ -456,11 +456,17 @@ class WeightTransport(Spec):
     ``loads_every_version``: the trainer waits for inference to take each version it
     publishes (a broadcast over a process group): the orchestrator then loads the last
     version too (``max_steps``) before it exits, so that the trainer's last publish is met.
+
+    ``publishes_in_background``: ``publish`` may run in a thread of its own while the trainer
+    takes its next step (it reads only the tensors it is given and the model's config; the
+    trainer hands it its own copy of them). The trainer then waits for one publish to finish
+    before it starts the next, and for the last one before it exits.
     """
 
     publisher: Ref = ref()
     loader: Ref = ref()
     loads_every_version: bool = False
+    publishes_in_background: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -230,3 +230,57 @@ def test_rows_are_shared_by_tokens_and_padded_to_equal_counts():
     three = [share(rows[:2], rank, 3) for rank in range(3)]
     assert [len(s) for s in three] == [1, 1, 1] and three[2][0]["padding"] and sum(three[2][0]["loss_mask"]) == 0
     assert share(rows, 0, 1) == rows
+
+
+def test_weights_are_published_in_the_background_as_snapshots_of_their_step(tmp_path, monkeypatch):
+    """The filesystem transport writes version N in a thread while step N+1 trains: each
+    version on disk holds the weights of its own step, exactly as a trainer that publishes in
+    place writes them (not those of a later step, as a writer reading the live parameters
+    would: the Hugging Face model on a CPU hands out its own parameters), and the last is on disk
+    when the trainer returns."""
+    import threading
+    import time
+
+    import torch
+    from safetensors.torch import load_file
+
+    from prime_core.cli.common import load_config
+    from prime_core.trainer import role
+    from prime_core.weights import MARKER, FilesystemPublisher
+    from prime_plugin_hf.tiny import build_tiny
+
+    model = build_tiny(tmp_path / "model", hidden_size=64, num_layers=2, dtype="float32")
+    threads: dict[int, str] = {}
+    original_publish, original_init = FilesystemPublisher.publish, role.Publishing.__init__
+
+    def slow_publish(self, model, step, state_dict=None):
+        threads[step] = threading.current_thread().name
+        time.sleep(1.0)  # the next step trains meanwhile
+        return original_publish(self, model, step, state_dict)
+
+    def in_place(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self.background = False
+
+    def train(out, background: bool) -> dict[int, dict]:
+        threads.clear()
+        with monkeypatch.context() as patch:
+            patch.setattr(FilesystemPublisher, "publish", slow_publish)
+            if not background:
+                patch.setattr(role.Publishing, "__init__", in_place)
+            config = load_config("trainer", ["--model.name", str(model), "--output-dir", str(out), "--max-steps",
+                                             "3", "--seq-len", "64", "--data.fake.batch-size", "2", "--optim.lr",
+                                             "1e-2", "--model.impl", "hf"])
+            assert role.run(config) == 0
+        assert all((out / "weights" / f"step_{s}" / MARKER).exists() for s in (1, 2, 3))
+        return {s: load_file(str(out / "weights" / f"step_{s}" / "model.safetensors")) for s in (1, 2, 3)}
+
+    reference = train(tmp_path / "in_place", background=False)
+    assert set(threads.values()) == {"MainThread"}
+    written = train(tmp_path / "background", background=True)
+    assert threads == {1: "prime-publish-1", 2: "prime-publish-2", 3: "prime-publish-3"}
+    for step in (1, 2, 3):
+        for key, tensor in reference[step].items():
+            assert torch.equal(written[step][key], tensor), f"step {step}: {key} is not the weights of its step"
+    key = next(k for k in written[1] if k.endswith("q_proj.weight"))
+    assert not torch.equal(written[1][key], written[3][key])

@@ -188,9 +188,11 @@ def _to_device(model, device) -> None:
                                                              requires_grad=param.requires_grad)
 
 
-def full_state_dict(policy: Policy, world) -> dict | None:
+def full_state_dict(policy: Policy, world, *, own: bool = False) -> dict | None:
     """What is published: full (unsharded) tensors with Hugging Face names, on CPU, on rank 0
-    (``None`` elsewhere). Every rank must call it: gathering is collective."""
+    (``None`` elsewhere). Every rank must call it: gathering is collective. ``own``: tensors
+    that share no memory with the model's (a model on the CPU would otherwise hand out its own
+    parameters), for a publish that runs while the next step trains."""
     import torch
 
     if policy.exporter is not None:
@@ -199,8 +201,10 @@ def full_state_dict(policy: Policy, world) -> dict | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         state = get_model_state_dict(policy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if own and world.main and world.device.type == "cpu":  # one rank's full tensor may be its local shard
+            state = {key: value.clone() for key, value in state.items()}
     else:
-        state = {key: value.detach().cpu() for key, value in policy.model.state_dict().items()}
+        state = {key: value.detach().to("cpu", copy=own) for key, value in policy.model.state_dict().items()}
     if not world.main:
         return None
     dtype = getattr(torch, str(getattr(policy.hf_config, "dtype", "float32")).replace("torch.", ""))

@@ -13,6 +13,7 @@ and prints a throughput table instead.
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 from prime_core import distributed
@@ -41,20 +42,13 @@ def run(config) -> int:
         return run_bench(config, training, loss_fn, fake, rng)
 
     transport = manager.select("weight_transports", config.weight_broadcast.type, key="weight_broadcast.type")
-    publisher = transport.publisher(config, output_dir=config.output_dir) if world.main else None
+    publishing = Publishing(config, manager, transport, policy, world)
+    publish = publishing.publish
     metrics = MetricsLogger(config, role="trainer", output_dir=config.output_dir) if world.main else None
-
-    def publish(step: int) -> None:
-        state = full_state_dict(policy, world)  # collective
-        if world.main:
-            publisher.publish(policy.model, step, state)
-            manager.hook.prime_on_weights_published(
-                step=step, path=str(config.output_dir / "weights" / f"step_{step}"))
-        distributed.barrier(world)
 
     done = resume(config, training) if config.resume else 0
     if done:
-        publish(done)  # the orchestrator reloads inference from here
+        publish(done, wait=True)  # the orchestrator reloads inference from here
     print(f"trainer: model {config.model.name} ({policy.impl}) on {world.size} × {world.device}, "
           f"strategies {', '.join(policy.applied) or 'none'}, steps {done + 1}..{config.max_steps}", flush=True)
 
@@ -97,10 +91,59 @@ def run(config) -> int:
                              keep_last=config.ckpt.keep_last, keep_interval=config.ckpt.keep_interval)
             if world.main:
                 manager.hook.prime_on_checkpoint(step=step, path=str(path))
+    publishing.wait()
     if metrics:
         metrics.close()
     distributed.shutdown()
     return 0
+
+
+class Publishing:
+    """Publishes each version through the weight transport (the gathering is collective; rank 0
+    writes). A transport that can publish in a thread writes version N while step N+1 trains:
+    one version in flight at a time, ``prime_on_weights_published`` fired and a failure raised
+    from the trainer's thread when it is joined (at the next publish, or ``wait``). LoRA
+    adapters, which are small, are written in place."""
+
+    def __init__(self, config, manager, transport, policy, world) -> None:
+        self.config, self.manager, self.policy, self.world = config, manager, policy, world
+        self.publisher = transport.publisher(config, output_dir=config.output_dir) if world.main else None
+        self.background = world.main and transport.publishes_in_background and policy.exporter is None
+        self.thread: threading.Thread | None = None
+        self.step: int | None = None
+        self.error: BaseException | None = None
+
+    def publish(self, step: int, *, wait: bool = False) -> None:
+        self.wait()
+        state = full_state_dict(self.policy, self.world, own=self.background)  # collective
+        if self.world.main:
+            self.step, self.error = step, None
+            if self.background:
+                self.thread = threading.Thread(target=self._write, args=(state,), name=f"prime-publish-{step}")
+                self.thread.start()
+            else:
+                self._write(state)
+            if wait or not self.background:
+                self.wait()
+        distributed.barrier(self.world)
+
+    def _write(self, state) -> None:
+        try:
+            self.publisher.publish(self.policy.model, self.step, state)
+        except BaseException as exc:  # noqa: BLE001 - raised in the trainer's thread by wait()
+            self.error = exc
+
+    def wait(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.step is None:
+            return
+        step, error, self.step, self.error = self.step, self.error, None, None
+        if error is not None:
+            raise error
+        self.manager.hook.prime_on_weights_published(
+            step=step, path=str(self.config.output_dir / "weights" / f"step_{step}"))
 
 
 def resume(config, training) -> int:
