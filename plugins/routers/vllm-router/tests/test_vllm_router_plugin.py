@@ -13,6 +13,7 @@ import pytest
 import prime_plugin_vllm_router.plugin as plugin
 from prime_core import PLUGIN_API_VERSION
 from prime_core.plugins import PluginManager
+from prime_core.testing import free_ports
 
 pytest_plugins = ["prime_core.testing"]
 
@@ -182,9 +183,7 @@ def test_the_real_router_dies_with_its_launcher_and_frees_its_ports(tmp_path):
 
     engine = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=engine.serve_forever, daemon=True).start()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_ports(2)  # the router and its metrics (a taken metrics port stops vllm-router)
     config = tmp_path / "inference.json"
     config.write_text(json.dumps({"output_dir": str(tmp_path), "server": {"port": engine.server_port},
                                   "router": {"port": port, "metrics_port": port + 1}}))
@@ -192,7 +191,8 @@ def test_the_real_router_dies_with_its_launcher_and_frees_its_ports(tmp_path):
     try:
         deadline = time.monotonic() + 60
         while True:
-            assert launcher.poll() is None and time.monotonic() < deadline, (tmp_path / "logs").glob("*")
+            assert launcher.poll() is None and time.monotonic() < deadline, "\n".join(
+                log.read_text()[-2000:] for log in (tmp_path / "logs").glob("*.log"))
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
