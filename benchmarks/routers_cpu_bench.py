@@ -28,7 +28,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,22 +35,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from prime_core.ports import free_ports
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def free_ports(count: int) -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            first = s.getsockname()[1]
-        try:
-            for port in range(first + 1, first + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 class Process:

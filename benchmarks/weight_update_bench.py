@@ -31,7 +31,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from prime_core.ports import free_ports
 
 MODELS = {
     "tiny": {"hidden_size": 128, "num_layers": 2, "dtype": "float32"},
@@ -50,19 +51,6 @@ TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25}
 """Largest |vLLM - trainer| of a probe's summed log-probability (bf16 sums 8 tokens' rounding)."""
 
 
-def free_ports(count: int) -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            first = s.getsockname()[1]
-        try:
-            for port in range(first + 1, first + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 class Serving:

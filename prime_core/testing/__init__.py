@@ -36,7 +36,6 @@ it as a plugin, too late for assertion rewriting, which it does not need (it ass
 from __future__ import annotations
 
 import importlib
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +44,7 @@ import pytest
 
 from prime_core import ENTRY_POINT_GROUP
 from prime_core.plugins import CONTROL_ENV, PluginManager, set_plugin_manager
+from prime_core.ports import free_ports  # noqa: F401 - the tests import it from here
 
 
 def fresh_manager(*, autoload: bool = False) -> PluginManager:
@@ -57,21 +57,6 @@ def fresh_manager(*, autoload: bool = False) -> PluginManager:
     return manager.load()
 
 
-def free_ports(count: int) -> int:
-    """The first of ``count`` consecutive ports free on 127.0.0.1 (replicas and a teacher server
-    take port, port + 1, ...)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            first = s.getsockname()[1]
-        try:
-            for port in range(first + 1, first + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def config_only_model(folder: Path, **config) -> Path:
