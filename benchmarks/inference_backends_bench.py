@@ -194,7 +194,10 @@ def main(argv: list[str] | None = None) -> int:
         args.concurrency, args.max_tokens, args.repeats, args.prompt_len = [8, 16], 8, 1, 8
     work = args.work or Path(tempfile.mkdtemp(prefix="prime-backends-"))
     model = args.model or build_model(work / "model", 64 if args.tiny else 128, 2)
-    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    dims = json.loads((model / "config.json").read_text())
+    vocab = dims["vocab_size"]
+    # The model's shape, not its path: results are committed and paths are this machine's.
+    shape = {k: dims.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")}
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     rows, skipped = [], []
     variants = [(label, name, json.loads(raw)) for label, name, raw in args.variant or []]
@@ -208,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             started = served.wait_healthy(spec.client(served.url, api_key=None, timeout=10.0), args.startup_timeout)
             print(f"{label}: healthy after {started:.1f} s", flush=True)
             for row in measure(spec, served, args, vocab, label):
-                rows.append({**row, "backend_name": name, "args": backend_args, "model": str(model),
+                rows.append({**row, "backend_name": name, "args": backend_args, "model": shape,
                              "dtype": args.dtype, "startup_s": round(started, 1), "when": stamp,
                              "host_cpus": os.cpu_count(), "device": device_name()})
     print(table(rows))

@@ -219,9 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
+        dims = json.loads((args.model / "config.json").read_text())
+        shape = {k: dims.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")}  # not its path
         with args.out.open("a") as f:
             for row in rows:
-                f.write(json.dumps({**row, "model": str(args.model), "when": stamp, "host_cpus": os.cpu_count(),
+                f.write(json.dumps({**row, "model": shape, "when": stamp, "host_cpus": os.cpu_count(),
                                     "vllm_router": _version("vllm-router")}) + "\n")
     return 0
 
