@@ -23,7 +23,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,13 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from prime_core.ports import free_ports
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def build_model(folder: Path, hidden_size: int, num_layers: int) -> Path:
@@ -68,7 +63,7 @@ class Served:
 
     def __init__(self, backend: str, model: Path, out: Path, args: argparse.Namespace,
                  backend_args: dict | None = None) -> None:
-        self.backend, self.port, self.out = backend, free_port(), out
+        self.backend, self.port, self.out = backend, free_ports(1), out
         self.command = [sys.executable, "-m", "prime_core", "inference", "--backend", backend, "--model.name",
                         str(model), "--model.dtype", args.dtype, "--model.max-model-len", str(args.max_model_len),
                         "--server.port", str(self.port), "--output-dir", str(out)]

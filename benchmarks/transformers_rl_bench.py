@@ -25,13 +25,14 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
+
+from prime_core.ports import free_ports
 
 SHAPES = {
     # Qwen3's published shapes; the vocabulary stays 151,936 (the LM head's real cost) although
@@ -98,18 +99,12 @@ def run_config(args: argparse.Namespace, async_level: int, gpu: bool) -> str:
     return "\n".join(lines)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_one(args: argparse.Namespace, shape: str, model: Path, async_level: int, gpu: bool) -> Path:
     backend = "" if args.backend == "transformers" else f"-{args.backend}"
     out = args.work / f"{shape}{backend}-async{async_level}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "rl.toml").write_text(run_config(args, async_level, gpu))
-    port = free_port()
+    port = free_ports(1)
     command = [sys.executable, "-m", "prime_core", "run", str(out / "rl.toml"), "--model.name", str(model),
                "--output-dir", str(out / "run"), "--inference.server.port", str(port), "--clean", *args.extra]
     print(f"$ {' '.join(command)}", flush=True)

@@ -34,12 +34,6 @@ pytestmark = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def prime(*args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-m", "prime_core", *args], capture_output=True, text=True,
@@ -70,7 +64,7 @@ def warm_model(tmp_path_factory) -> Path:
 
 def rl_args(model: Path, out: Path, *extra: str) -> list[str]:
     return ["run", str(EXAMPLE / "rl.toml"), "--model.name", str(model), "--output-dir", str(out),
-            "--inference.server.port", str(free_port()), *extra]
+            "--inference.server.port", str(free_ports(1)), *extra]
 
 
 def test_reward_rises_policy_lag_is_bounded_and_weights_reach_inference(warm_model, tmp_path):

@@ -57,8 +57,6 @@ def fresh_manager(*, autoload: bool = False) -> PluginManager:
     return manager.load()
 
 
-
-
 def config_only_model(folder: Path, **config) -> Path:
     """A model folder holding ``config.json`` (``config``), a safetensors file with no tensors
     and a byte-level tokenizer: enough for config checks, not to load a model."""
