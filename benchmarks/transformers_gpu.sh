@@ -4,6 +4,7 @@
 #   bash benchmarks/transformers_gpu.sh tests      # the backend's GPU tests, contract suite and engine tests
 #   bash benchmarks/transformers_gpu.sh 0.6b-async 0.6b-sync 1.7b-async 1.7b-sync   # prime run, one GPU
 #   bash benchmarks/transformers_gpu.sh variants   # the 0.6B server alone under several inference.args
+#   bash benchmarks/transformers_gpu.sh publish-io # write + fsync time of each model built so far
 #   bash benchmarks/transformers_gpu.sh table      # the table of everything under $OUT
 # Each run phase is one `prime run` (transformers_rl_bench.py); GPUS=2 splits inference and trainer over two
 # GPUs instead of sharing GPU 0. Results: $OUT/results.jsonl; each run's metrics and logs in $OUT/<shape>-async<k>/
@@ -45,7 +46,24 @@ from transformers_rl_bench import build_model; build_model(Path('/tmp/prime-tran
         --max-tokens "${MAX_TOKENS:-256}" --prompt-len 48 --max-model-len 2048 --repeats 1 \
         --work /tmp/prime-backends --out "$OUT/backends_gpu.jsonl" "${variant_args[@]}" \
         || echo "variants exited $?" ;;
+    publish-io)  # what a filesystem publish costs here: writing each built model's tensors, then fsyncing them
+      python3 - "$OUT" <<'PY' | tee "$OUT/publish_io.txt"
+import os, sys, time
+from pathlib import Path
+from safetensors.torch import load_file, save_file
+from prime_core.run_dir import fsync_tree
+for model in sorted(Path("/tmp/prime-transformers-models").glob("*/model.safetensors")):
+    tensors = {k: v.clone() for k, v in load_file(model).items()}
+    size = sum(v.numel() * v.element_size() for v in tensors.values()) / 1e9
+    folder = Path("/tmp/prime-publish-io") / model.parent.name
+    folder.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter(); save_file(tensors, folder / "model.safetensors"); written = time.perf_counter()
+    fsync_tree(folder); synced = time.perf_counter()
+    print(f"{model.parent.name}: {size:.2f} GB written in {written - started:.2f} s, fsynced in {synced - written:.2f} s")
+PY
+      ;;
     table) python3 benchmarks/transformers_rl_bench.py table --out "$OUT" ;;
-    *) echo "unknown phase $phase (tests, 0.6b-async, 0.6b-sync, 1.7b-async, 1.7b-sync, variants, table)"; exit 2 ;;
+    *) echo "unknown phase $phase (tests, 0.6b-async, 0.6b-sync, 1.7b-async, 1.7b-sync, variants, publish-io, table)"
+       exit 2 ;;
   esac
 done

@@ -44,8 +44,8 @@ SHAPES = {
     "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=32, vocab_size=None),
 }
-LOADED = re.compile(r"^(\S+ \S+) INFO prime\.transformers: loaded weights of step (\d+) from \S+ in ([\d.]+) s "
-                    r"\(([\d.]+) s waiting")
+LOADED = re.compile(r"^(\S+ \S+) INFO prime\.transformers: loaded weights of step (\d+) from \S+ in ([\d.]+) s"
+                    r"(?: \(.*?([\d.]+) s paused)?")
 SERVED = re.compile(r"^(\S+ \S+) INFO prime\.transformers: served (\d+) samples, (\d+) tokens on the weights of "
                     r"step (\d+) in ([\d.]+) s busy")
 
@@ -175,6 +175,7 @@ def summarize(out: Path, skip: int, batch_size: int) -> dict | None:
     step_time, train_time = statistics.median(walls), statistics.median(r["step_time"] for r in measured)
     inference_time = busy / samples * batch_size if samples else float("nan")
     steady_loads = [(step, at, seconds) for step, at, seconds in loads if step > skip]
+    pauses = [float(m[4]) for m in map(LOADED.match, log) if m and m[4] and int(m[2]) > skip]
     config = (out / "rl.toml").read_text()
     return {
         "run": out.name, "async_level": int(re.search(r"async_level = (\d+)", config)[1]),
@@ -186,6 +187,10 @@ def summarize(out: Path, skip: int, batch_size: int) -> dict | None:
         "publish_to_served_s": statistics.median(at - published[step] for step, at, _ in steady_loads
                                                  if step in published) if steady_loads else float("nan"),
         "overlap_ratio": step_time / max(train_time, inference_time),
+        # where the rest of the trainer's wall time went (older runs did not record these)
+        "trainer_wait_s": statistics.median(r.get("wait_time", float("nan")) for r in measured),
+        "trainer_publish_s": statistics.median(r.get("publish_time", float("nan")) for r in measured),
+        "weight_pause_s": statistics.median(pauses) if pauses else float("nan"),
         "steps_per_hour": 3600.0 / step_time,
         "mismatch_kl_step1": trainer[0]["mismatch_kl"],
         "reward_last": trainer[-1]["reward"],
@@ -194,12 +199,14 @@ def summarize(out: Path, skip: int, batch_size: int) -> dict | None:
 
 def table(results: list[dict]) -> str:
     head = ("| run | step s | trainer s | inference s | samples/s | tokens/s | weight load s | publish→served s "
-            "| overlap | steps/h | mismatch KL step 1 |")
+            "| trainer waits s | trainer publishes s | generation paused s | overlap | steps/h | mismatch KL step 1 |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         lines.append(f"| {r['run']} | {r['step_time']:.2f} | {r['train_time']:.2f} | {r['inference_time']:.2f} | "
                      f"{r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['weight_load_s']:.2f} | "
-                     f"{r['publish_to_served_s']:.2f} | {r['overlap_ratio']:.2f} | {r['steps_per_hour']:.0f} | "
+                     f"{r['publish_to_served_s']:.2f} | {r.get('trainer_wait_s', float('nan')):.2f} | "
+                     f"{r.get('trainer_publish_s', float('nan')):.2f} | {r.get('weight_pause_s', float('nan')):.3f} | "
+                     f"{r['overlap_ratio']:.2f} | {r['steps_per_hour']:.0f} | "
                      f"{r['mismatch_kl_step1']:.2e} |")
     by = {r["run"]: r for r in results}
     for name, r in by.items():

@@ -130,6 +130,9 @@ class Orchestrator:
         self.loaded: tuple[int, str] | None = None
         """The policy every replica up serves: ``(step, path)`` of its last ``load_weights``."""
         self.probe: float | None = None
+        self._load_lock = asyncio.Lock()
+        self._loading: asyncio.Task | None = None
+        """A load started by the loop, which samples on meanwhile."""
         self.dropped_total = 0
         self._next_env = 0
         self._groups = 0
@@ -156,17 +159,33 @@ class Orchestrator:
             self.teacher.wait_healthy()
 
     async def load_newest_weights(self, minimum: int = 0) -> None:
-        latest = self.weights.latest()
-        if latest is None or latest[0] <= self.version or latest[0] < minimum:
-            return
-        step, path = latest
-        # Every replica serves the same policy; the backend decides how (reload, adapter).
-        notes = await self.pool.fan_out(lambda client: client.load_weights(step, str(path)))
-        self.version, self.loaded = step, (step, str(path))
-        self.probe = await self.probe_logprob()
+        async with self._load_lock:  # one load at a time; a caller that waited looks again
+            latest = self.weights.latest()
+            if latest is None or latest[0] <= self.version or latest[0] < minimum:
+                return
+            step, path = latest
+            # Every replica serves the same policy; the backend decides how (reload, adapter).
+            notes = await self.pool.fan_out(lambda client: client.load_weights(step, str(path)))
+            self.version, self.loaded = step, (step, str(path))
+            self.probe = await self.probe_logprob()
         served = f" as {notes[0]}" if notes and notes[0] else ""
         print(f"loaded policy v{step} into {len(notes)} inference server(s){served} "
               f"(probe logprob {self.probe:.4f})", flush=True)
+
+    def _load_in_background(self) -> None:
+        """Start loading a newer published version unless one is loading. The loop goes on
+        submitting and collecting meanwhile, so the servers are not left to drain while they
+        read the new weights; a group started before the load completes counts as sampled by
+        the old version (its lag can only be overstated)."""
+        task = self._loading
+        if task is not None:
+            if not task.done():
+                return
+            self._loading = None
+            task.result()  # a failed load stops the run with its own error
+        latest = self.weights.latest()
+        if latest is not None and latest[0] > self.version:
+            self._loading = asyncio.create_task(self.load_newest_weights())
 
     async def _catch_up(self, client) -> None:
         """A replica that answers again serves the current policy before it gets requests."""
@@ -329,15 +348,16 @@ class Orchestrator:
                     continue
                 await self._collect(inflight, ready, timeout=0.2)
                 self.pool.raise_if_failed()
-                await self.load_newest_weights()
+                self._load_in_background()
                 self.maybe_evaluate(eval_log)
                 waiting = self._check_weights_wait(waiting, inflight, max(start - 1, step - 1 - config.async_level))
             await self._final_eval(eval_log)
             await self._take_last_version()
         finally:
-            for task in inflight | self.evals:
+            loading = {self._loading} if self._loading is not None else set()
+            for task in inflight | self.evals | loading:
                 task.cancel()
-            await asyncio.gather(*inflight, *self.evals, return_exceptions=True)  # their routers hear of it
+            await asyncio.gather(*inflight, *self.evals, *loading, return_exceptions=True)  # their routers hear of it
             await self.pool.stop_monitor()
             for client in [*self.clients.values(), *(self.teacher.clients.values() if self.teacher else ())]:
                 await client.close()
@@ -450,10 +470,13 @@ class Orchestrator:
         return since
 
     async def _collect(self, inflight: set, ready: deque, timeout: float) -> None:
-        if not inflight:
+        # a load that completes wakes the loop too: the new version may let it submit
+        loading = {self._loading} if self._loading is not None and not self._loading.done() else set()
+        if not inflight and not loading:
             await asyncio.sleep(timeout)  # nothing to wait on but the trainer's next weights
             return
-        done, _ = await asyncio.wait(inflight, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(inflight | loading, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        done -= loading
         inflight.difference_update(done)
         errors = [task.exception() for task in done if not task.cancelled() and task.exception()]
         if errors:  # a failed request (not an environment's error) stops the orchestrator with its message

@@ -188,27 +188,44 @@ def _to_device(model, device) -> None:
                                                              requires_grad=param.requires_grad)
 
 
-def full_state_dict(policy: Policy, world, *, own: bool = False) -> dict | None:
+def full_state_dict(policy: Policy, world, *, into: dict | None = None) -> dict | None:
     """What is published: full (unsharded) tensors with Hugging Face names, on CPU, on rank 0
-    (``None`` elsewhere). Every rank must call it: gathering is collective. ``own``: tensors
-    that share no memory with the model's (a model on the CPU would otherwise hand out its own
-    parameters), for a publish that runs while the next step trains."""
+    (``None`` elsewhere). Every rank must call it: gathering is collective. ``into``: host
+    buffers kept from one call to the next (pinned for a GPU model), which the tensors are
+    copied into, for a publish that runs while the next step trains; without it a model on the
+    CPU hands out its own parameters."""
     import torch
 
     if policy.exporter is not None:
         return policy.exporter(policy.model, world)
+    dtype = getattr(torch, str(getattr(policy.hf_config, "dtype", "float32")).replace("torch.", ""))
     if _sharded(policy.model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         state = get_model_state_dict(policy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if own and world.main and world.device.type == "cpu":  # one rank's full tensor may be its local shard
+        if into is not None and world.main and world.device.type == "cpu":  # a full tensor may be the local shard
             state = {key: value.clone() for key, value in state.items()}
     else:
-        state = {key: value.detach().to("cpu", copy=own) for key, value in policy.model.state_dict().items()}
+        # cast where the model is: fewer bytes cross to the host, and the host does no casting
+        state = {key: _to_host(key, value.detach().to(dtype) if value.is_floating_point() else value.detach(), into)
+                 for key, value in policy.model.state_dict().items()}
+        if into is not None and torch.cuda.is_available():
+            torch.cuda.synchronize()  # the copies into pinned buffers are asynchronous
     if not world.main:
         return None
-    dtype = getattr(torch, str(getattr(policy.hf_config, "dtype", "float32")).replace("torch.", ""))
     return {key: value.to(dtype) if value.is_floating_point() else value for key, value in clean_names(state).items()}
+
+
+def _to_host(key: str, value, into: dict | None):
+    import torch
+
+    if into is None:
+        return value.to("cpu")
+    buffer = into.get(key)
+    if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
+        buffer = into[key] = torch.empty(value.shape, dtype=value.dtype, pin_memory=value.is_cuda)
+    buffer.copy_(value, non_blocking=value.is_cuda)
+    return buffer
 
 
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_offload_wrapped_module.")

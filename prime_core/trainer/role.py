@@ -56,6 +56,7 @@ def run(config) -> int:
     while config.max_steps is None or step < config.max_steps:
         step += 1
         vocab = policy.hf_config.vocab_size
+        waiting = time.perf_counter()
         if fake:
             batch = fake_batch(fake, config.seq_len, vocab, rng)
         else:
@@ -69,6 +70,7 @@ def run(config) -> int:
                           loss_kwargs=step_kwargs, temperature=batch.get("temperature") or 1.0)
         elapsed = time.perf_counter() - start
         publish(step)
+        published = time.perf_counter()
         if world.main:
             info = batch.get("info", {})
             record = {
@@ -76,6 +78,9 @@ def run(config) -> int:
                 "is_masked": sums["is_masked"], "grad_norm": sums["grad_norm"],
                 "lr": training.scheduler.get_last_lr()[0], "tokens": sums["tokens"],
                 "loss_tokens": sums["loss_tokens"], "step_time": elapsed,
+                # the rest of the trainer's wall time: waiting for the batch, and publishing on this
+                # thread (the gather; a background write's join)
+                "wait_time": start - waiting, "publish_time": published - start - elapsed,
                 "tokens_per_s": sums["tokens"] / elapsed if elapsed else 0.0,
                 "reward": info.get("reward", float("nan")),
                 "off_policy_max": info.get("off_policy_max", 0),
@@ -112,10 +117,11 @@ class Publishing:
         self.thread: threading.Thread | None = None
         self.step: int | None = None
         self.error: BaseException | None = None
+        self.buffers: dict = {}  # host copies of the weights, reused: one version in flight at a time
 
     def publish(self, step: int, *, wait: bool = False) -> None:
         self.wait()
-        state = full_state_dict(self.policy, self.world, own=self.background)  # collective
+        state = full_state_dict(self.policy, self.world, into=self.buffers if self.background else None)  # collective
         if self.world.main:
             self.step, self.error = step, None
             if self.background:

@@ -93,6 +93,8 @@ class Engine:
         self._pending: dict[str, _Pending] = {}
         self._lock = threading.Lock()
         self._exclusive_lock = threading.Lock()
+        self._staging_lock = threading.Lock()
+        self._staging: dict = {}  # host copies of the weights being loaded, reused from load to load
         self._gate = Gate()
         self._stopping = threading.Event()
         self._start_lock = threading.Lock()
@@ -315,22 +317,26 @@ class Engine:
                 yield
 
     def load_weights(self, path: str, step: int | None = None) -> dict[str, Any]:
-        from prime_plugin_transformers.weights import check_folder, load_into
+        from prime_plugin_transformers.weights import apply, stage
 
         folder = Path(path)
-        check_folder(folder)  # before waiting for the model: a wrong path answers at once
-        started = time.perf_counter()
-        with self._exclusive():
-            waited = time.perf_counter() - started
-            how = load_into(self.model, folder)
-            self._generation += 1
-            with self._lock:
-                self._log_usage()
+        with self._staging_lock:  # one load at a time: they share the staging buffers
+            started = time.perf_counter()
+            staged = stage(self.model, folder, self._staging)  # while the model serves: only the copy pauses it
+            read = time.perf_counter()
+            with self._exclusive():
+                paused = time.perf_counter()
+                how = apply(self.model, staged)
+                self._generation += 1
+                with self._lock:
+                    self._log_usage()
+            done = time.perf_counter()
         self.version, self.weights_path = step, str(folder)
-        seconds = time.perf_counter() - started
-        log.info("loaded weights of step %s from %s in %.2f s (%.2f s waiting for the model; %s)",
-                 step, folder, seconds, waited, how)
-        return {"step": step, "path": str(folder), "seconds": seconds, "waited": waited, "how": how}
+        seconds, waited, pause = done - started, paused - read, done - paused
+        log.info("loaded weights of step %s from %s in %.2f s (read %.2f s while serving, %.2f s waiting for the "
+                 "model, %.3f s paused; %s)", step, folder, seconds, read - started, waited, pause, how)
+        return {"step": step, "path": str(folder), "seconds": seconds, "waited": waited, "paused": pause,
+                "how": how}
 
     def _log_usage(self) -> None:
         """One line on what the weights being replaced served (caller holds ``_lock``)."""

@@ -3,14 +3,16 @@
 In place matters: the continuous-batching manager (and its CUDA graphs) holds the model's
 parameter tensors, so new values are copied into them and no tensor is ever replaced.
 
-Everything is checked before the first tensor is copied (keys, shapes), so a wrong folder
-leaves the served weights untouched. Two ways to read the folder:
+Loading has two halves so that generation pauses only for the second: ``stage`` reads and
+checks the folder (keys, shapes) into host memory while the model keeps serving, and
+``apply`` copies the staged tensors in (host to device: tens of milliseconds per GB on a GPU).
+A wrong folder fails in ``stage`` and leaves the served weights untouched. Two ways to read:
 
 - its safetensors keys are the model's own (dense models such as Qwen3, Llama): tensors are
-  read one by one, straight onto the model's device;
+  read one by one, into pinned memory when the model is on a GPU;
 - otherwise (checkpoint layouts transformers converts while loading, e.g. per-expert MoE
   weights it fuses): transformers loads the folder into a second model on the CPU, with its
-  own conversions, and that model's tensors are copied.
+  own conversions, and that model's tensors are staged.
 """
 
 from __future__ import annotations
@@ -80,9 +82,17 @@ def read_shapes(files: list[Path]) -> dict[str, tuple]:
     return shapes
 
 
-def load_into(model, folder: Path) -> str:
-    """Copy the weights of ``folder`` into ``model`` (caller: the model is not in use). Returns
-    how they were read, for the log."""
+class Staged:
+    """A checked folder's tensors in host memory, keyed by the model tensor each replaces."""
+
+    def __init__(self, tensors: dict, how: str) -> None:
+        self.tensors, self.how = tensors, how
+
+
+def stage(model, folder: Path, buffers: dict | None = None) -> Staged:
+    """Read and check ``folder`` for ``model`` without touching the model (it may be serving).
+    ``buffers``: host tensors kept from one load to the next (pinning gigabytes anew each time
+    costs more than reading them)."""
     import torch
     from safetensors import safe_open
 
@@ -90,23 +100,50 @@ def load_into(model, folder: Path) -> str:
     files = check_folder(folder)
     state, alias = _targets(model)
     shapes = read_shapes(files)
+    pin = next(model.parameters()).device.type == "cuda"
     if set(shapes) <= set(state):
         plan = _plan(state, alias, shapes, folder)
-        device = str(next(model.parameters()).device)
-        with torch.no_grad():
-            for file in files:
-                with safe_open(file, framework="pt", device=device) as f:
-                    for key in f.keys():
-                        state[plan[key]].copy_(f.get_tensor(key))
-        _synchronize(device)
-        return "safetensors, in place"
+        tensors = {}
+        for file in files:
+            with safe_open(file, framework="pt", device="cpu") as f:
+                for key in f.keys():
+                    # a view of the mapped file: copied before it closes
+                    tensors[plan[key]] = _host_copy(plan[key], f.get_tensor(key), buffers, pin)
+        return Staged(tensors, "safetensors, staged, copied in place")
     converted = _converted(model, folder)
     plan = _plan(state, alias, {k: tuple(v.shape) for k, v in converted.items()}, folder)
     with torch.no_grad():
-        for key, tensor in converted.items():
-            state[plan[key]].copy_(tensor)
+        tensors = {plan[k]: _host_copy(plan[k], v, buffers, pin) if pin else v for k, v in converted.items()}
+    return Staged(tensors, "converted by transformers, staged, copied in place")
+
+
+def _host_copy(key: str, tensor, buffers: dict | None, pin: bool):
+    import torch
+
+    if buffers is None:
+        return tensor.pin_memory() if pin else tensor.clone()
+    buffer = buffers.get(key)
+    if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+        buffer = buffers[key] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin)
+    return buffer.copy_(tensor)
+
+
+def apply(model, staged: Staged) -> str:
+    """Copy staged tensors into ``model`` (caller: the model is not in use). Returns how they
+    were read, for the log."""
+    import torch
+
+    state = model.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for key, tensor in staged.tensors.items():
+            state[key].copy_(tensor, non_blocking=True)
     _synchronize(str(next(model.parameters()).device))
-    return "converted by transformers, in place"
+    return staged.how
+
+
+def load_into(model, folder: Path) -> str:
+    """``stage`` then ``apply``: for a model that is not serving."""
+    return apply(model, stage(model, folder))
 
 
 def _converted(model, folder: Path) -> dict:

@@ -175,7 +175,7 @@ def test_weights_load_while_requests_run_and_serve_the_new_model(model, prompt, 
         for thread in threads:
             thread.join(120)
         assert not errors and len(results) == 12
-        assert engine.version == 1 and report["how"] == "safetensors, in place"
+        assert engine.version == 1 and report["how"] == "safetensors, staged, copied in place"
         if not use_pause:  # drained: the running requests finished on the old weights, every token of them
             assert report["waited"] > 0
             for s in results:
@@ -199,7 +199,7 @@ def test_checkpoints_transformers_converts_are_loaded_converted(tmp_path):
     engine = engine_for(model, tmp_path / "run")
     try:
         changed = changed_checkpoint(model, tmp_path / "step_1")
-        assert engine.load_weights(str(changed), 1)["how"] == "converted by transformers, in place"
+        assert engine.load_weights(str(changed), 1)["how"].startswith("converted by transformers")
         (sample,) = engine.sample({"prompt_ids": [5, 17, 42, 8], "max_tokens": 6, "temperature": 0.0})
         assert close(sample["logprobs"], reference_logprobs(changed, [5, 17, 42, 8], sample["token_ids"]))
     finally:
