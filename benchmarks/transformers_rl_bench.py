@@ -190,6 +190,7 @@ def summarize(out: Path, skip: int, batch_size: int) -> dict | None:
         # where the rest of the trainer's wall time went (older runs did not record these)
         "trainer_wait_s": statistics.median(r.get("wait_time", float("nan")) for r in measured),
         "trainer_publish_s": statistics.median(r.get("publish_time", float("nan")) for r in measured),
+        "weights_write_s": statistics.median(r.get("weights_write_time", float("nan")) for r in measured),
         "weight_pause_s": statistics.median(pauses) if pauses else float("nan"),
         "steps_per_hour": 3600.0 / step_time,
         "mismatch_kl_step1": trainer[0]["mismatch_kl"],
@@ -199,13 +200,15 @@ def summarize(out: Path, skip: int, batch_size: int) -> dict | None:
 
 def table(results: list[dict]) -> str:
     head = ("| run | step s | trainer s | inference s | samples/s | tokens/s | weight load s | publish→served s "
-            "| trainer waits s | trainer publishes s | generation paused s | overlap | steps/h | mismatch KL step 1 |")
+            "| trainer waits s | trainer publishes s | weights written s | generation paused s | overlap | steps/h "
+            "| mismatch KL step 1 |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         lines.append(f"| {r['run']} | {r['step_time']:.2f} | {r['train_time']:.2f} | {r['inference_time']:.2f} | "
                      f"{r['samples_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['weight_load_s']:.2f} | "
                      f"{r['publish_to_served_s']:.2f} | {r.get('trainer_wait_s', float('nan')):.2f} | "
-                     f"{r.get('trainer_publish_s', float('nan')):.2f} | {r.get('weight_pause_s', float('nan')):.3f} | "
+                     f"{r.get('trainer_publish_s', float('nan')):.2f} | {r.get('weights_write_s', float('nan')):.2f} | "
+                     f"{r.get('weight_pause_s', float('nan')):.3f} | "
                      f"{r['overlap_ratio']:.2f} | {r['steps_per_hour']:.0f} | "
                      f"{r['mismatch_kl_step1']:.2e} |")
     by = {r["run"]: r for r in results}

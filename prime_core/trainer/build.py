@@ -198,29 +198,32 @@ def full_state_dict(policy: Policy, world, *, into: dict | None = None) -> dict 
 
     if policy.exporter is not None:
         return policy.exporter(policy.model, world)
-    dtype = getattr(torch, str(getattr(policy.hf_config, "dtype", "float32")).replace("torch.", ""))
-    if _sharded(policy.model):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.tensor import DTensor
 
-        state = get_model_state_dict(policy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if into is not None and world.main and world.device.type == "cpu":  # a full tensor may be the local shard
-            state = {key: value.clone() for key, value in state.items()}
-    else:
-        # cast where the model is: fewer bytes cross to the host, and the host does no casting
-        state = {key: _to_host(key, value.detach().to(dtype) if value.is_floating_point() else value.detach(), into)
-                 for key, value in policy.model.state_dict().items()}
-        if into is not None and torch.cuda.is_available():
-            torch.cuda.synchronize()  # the copies into pinned buffers are asynchronous
-    if not world.main:
-        return None
-    return {key: value.to(dtype) if value.is_floating_point() else value for key, value in clean_names(state).items()}
+    dtype = getattr(torch, str(getattr(policy.hf_config, "dtype", "float32")).replace("torch.", ""))
+    state, device_copies = {}, False
+    for key, value in policy.model.state_dict().items():
+        value = value.detach()
+        if isinstance(value, DTensor):  # sharded (FSDP, EP, ...): gathered one tensor at a time
+            if value.device.type != value.device_mesh.device_type:  # offloaded shards gather on the mesh's device
+                value = value.to(value.device_mesh.device_type)
+            value = value.full_tensor()  # collective: every rank, in the same order
+        if not world.main:
+            continue
+        if value.is_floating_point():  # cast where the tensor is: fewer bytes cross to the host
+            value = value.to(dtype)
+        device_copies |= value.is_cuda
+        state[key] = _to_host(key, value, into)
+    if device_copies and into is not None:
+        torch.cuda.synchronize()  # the copies into pinned buffers are asynchronous
+    return clean_names(state) if world.main else None
 
 
 def _to_host(key: str, value, into: dict | None):
     import torch
 
     if into is None:
-        return value.to("cpu")
+        return value.to("cpu")  # a CPU model's own tensor when it needs no cast
     buffer = into.get(key)
     if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
         buffer = into[key] = torch.empty(value.shape, dtype=value.dtype, pin_memory=value.is_cuda)
@@ -229,12 +232,6 @@ def _to_host(key: str, value, into: dict | None):
 
 
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_offload_wrapped_module.")
-
-
-def _sharded(model) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def clean_names(state: dict) -> dict:

@@ -87,6 +87,8 @@ def run(config) -> int:
                 "policy_version_min": min(info.get("versions") or [0]),
                 "policy_version_max": max(info.get("versions") or [0]),
             }
+            if publishing.written is not None:  # of the last version whose write finished
+                record["weights_write_time"] = publishing.written
             if any("teacher_logprobs" in row for row in batch["micro_batches"]):
                 # Mean over the trained tokens of log p_teacher - log p_student (prime-rl's teacher_kl).
                 record["teacher_kl"] = sums["teacher_kl"]
@@ -118,6 +120,9 @@ class Publishing:
         self.step: int | None = None
         self.error: BaseException | None = None
         self.buffers: dict = {}  # host copies of the weights, reused: one version in flight at a time
+        self.written: float | None = None
+        """Seconds the last joined version took to write (a metric of the step that joined it)."""
+        self._seconds: float | None = None
 
     def publish(self, step: int, *, wait: bool = False) -> None:
         self.wait()
@@ -134,10 +139,12 @@ class Publishing:
         distributed.barrier(self.world)
 
     def _write(self, state) -> None:
+        started = time.perf_counter()
         try:
             self.publisher.publish(self.policy.model, self.step, state)
         except BaseException as exc:  # noqa: BLE001 - raised in the trainer's thread by wait()
             self.error = exc
+        self._seconds = time.perf_counter() - started
 
     def wait(self) -> None:
         if self.thread is not None:
@@ -148,6 +155,7 @@ class Publishing:
         step, error, self.step, self.error = self.step, self.error, None, None
         if error is not None:
             raise error
+        self.written = self._seconds
         self.manager.hook.prime_on_weights_published(
             step=step, path=str(self.config.output_dir / "weights" / f"step_{step}"))
 
