@@ -60,6 +60,18 @@ for model in sorted(Path("/tmp/prime-transformers-models").glob("*/model.safeten
     started = time.perf_counter(); save_file(tensors, folder / "model.safetensors"); written = time.perf_counter()
     fsync_tree(folder); synced = time.perf_counter()
     print(f"{model.parent.name}: {size:.2f} GB written in {written - started:.2f} s, fsynced in {synced - written:.2f} s")
+    # the same tensors through the filesystem transport's publish, profiled (twice: the second prunes nothing new)
+    import cProfile, pstats
+    from transformers import AutoModelForCausalLM
+    from prime_core.weights import FilesystemPublisher
+    with __import__("torch").device("meta"):
+        shell = AutoModelForCausalLM.from_config(__import__("transformers").AutoConfig.from_pretrained(model.parent))
+    publisher = FilesystemPublisher(output_dir=Path("/tmp/prime-publish-io") / f"{model.parent.name}-run")
+    for step in (1, 2):
+        profile = cProfile.Profile()
+        started = time.perf_counter(); profile.enable(); publisher.publish(shell, step, tensors); profile.disable()
+        print(f"{model.parent.name}: FilesystemPublisher.publish of step {step} in {time.perf_counter() - started:.2f} s")
+    pstats.Stats(profile).sort_stats("cumulative").print_stats(14)
 PY
       ;;
     table) python3 benchmarks/transformers_rl_bench.py table --out "$OUT" ;;

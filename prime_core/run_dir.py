@@ -78,7 +78,8 @@ def replace_dir(tmp: Path, final: Path) -> None:
 
 
 def touch_marker(path: Path) -> None:
-    """Write a completion marker durably (the folder's content must already be fsynced)."""
+    """Write a completion marker durably (a marker that promises durable content comes after
+    fsyncing it; published weights are fsynced after theirs: see ``prime_core.weights``)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.fsync(fd)

@@ -2,9 +2,15 @@
 
 The trainer writes ``output_dir/weights/step_N/`` (a Hugging Face checkpoint folder, or a PEFT
 adapter folder for LoRA runs, plus ``prime_plugins.json``: the distributions and versions of
-prime-core and the plugins that produced it) through a temporary name, fsyncs it, renames it
-and writes a ``STABLE`` marker last; the orchestrator only ever loads folders with the marker, so a
+prime-core and the plugins that produced it) through a temporary name, renames it and writes a
+``STABLE`` marker last; the orchestrator only ever loads folders with the marker, so a
 half-written checkpoint is never served. Old versions are pruned, keeping the newest few.
+
+The folder is fsynced after the marker, not before: servers read it from the page cache, and
+waiting for the disk first cost seconds of every update's latency (3.4 GB: 1.5 s alone, more
+while training writes). Durability is still where resuming needs it: the trainer joins a
+step's publish, fsync included, before checkpointing that step, and on resume drops published
+versions newer than the checkpoint and publishes the checkpoint's own again.
 """
 
 from __future__ import annotations
@@ -40,9 +46,9 @@ class FilesystemPublisher:
             else:
                 model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
             record_plugins(tmp)
-            fsync_tree(tmp)  # on disk before the rename and the marker that make it loadable
         replace_dir(tmp, final)
         touch_marker(final / MARKER)
+        fsync_tree(final)  # after the marker: see the module's docstring
         self._prune(step)
         return final
 
