@@ -67,36 +67,32 @@ def rl_args(model: Path, out: Path, *extra: str) -> list[str]:
             "--inference.server.port", str(free_ports(1)), *extra]
 
 
-def test_reward_rises_policy_lag_is_bounded_and_weights_reach_inference(warm_model, tmp_path):
-    out = tmp_path / "rl"
-    steps = 80  # 50, then 60, left the expected-reward rise within noise of the 0.02 bar once each in CI
+def test_reward_rises_policy_lag_is_bounded_and_weights_reach_inference(tmp_path):
+    """The example's config on a task a random tiny model learns within a few steps (LEARNABLE):
+    the sampled reward rises by far more than its noise, so twenty steps show it (the example's
+    own arithmetic rose a few points in 80 steps and needed an exact measure to see it)."""
+    model, out, steps = tmp_path / "tiny", tmp_path / "rl", 20
+    prime("model", "tiny", str(model), "--hidden-size", "128", "--num-layers", "2")
     # Two trainer processes (gloo): the multi-process trainer learns like one.
-    prime(*rl_args(warm_model, out, "--max-steps", str(steps), "--deployment.num-train-gpus", "2"))
+    prime(*rl_args(model, out, "--max-steps", str(steps), "--deployment.num-train-gpus", "2", *LEARNABLE))
     assert {p.name for p in (out / "logs" / "trainer").iterdir()} == {"rank_0.log", "rank_1.log"}
     assert "on 2 × cpu, strategies fsdp" in (out / "logs" / "trainer.log").read_text()
     trainer, orchestrator = records(out, "trainer"), records(out, "orchestrator")
     assert [r["step"] for r in trainer] == list(range(1, steps + 1))
     assert [r["step"] for r in orchestrator] == list(range(1, steps + 1))
 
-    # The reward RL maximises, measured exactly (no sampling noise) on all 100 sums before and
-    # after; after = the mean over the last three published versions, since one optimizer step
-    # moves it by a few points either way. Training itself is not deterministic (vLLM's samples,
-    # the async schedule): three runs of this test rose from 0.072 by 0.017, 0.020 and more, so
-    # the bar is 0.01; a run that does not learn stays at 0.072 (a zero gradient) or falls.
-    before = expected_exact_match(warm_model, ALL_SUMS)
-    after = sum(expected_exact_match(out / "weights" / f"step_{s}", ALL_SUMS, tokenizer_path=warm_model)
-                for s in range(steps - 2, steps + 1)) / 3
-    assert after > before + 0.01, f"expected reward did not rise: {before:.3f} -> {after:.3f}"
     rewards = [r["reward"] for r in orchestrator]
-    first, last = sum(rewards[:15]) / 15, sum(rewards[-15:]) / 15
-    assert last > first, f"sampled reward did not rise: first 15 steps {first:.3f}, last 15 steps {last:.3f}"
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert last > first + 0.1, f"sampled reward did not rise: first 3 steps {first:.3f}, last 3 steps {last:.3f}"
 
     bound = json.loads((out / "configs" / "orchestrator.json").read_text())["max_off_policy_steps"]
     for r in trainer:
         versions = (r["policy_version_min"], r["policy_version_max"])
         assert 0 <= (r["step"] - 1) - versions[0] <= bound, f"step {r['step']} trained on policies {versions}"
         assert versions[1] <= r["step"] - 1, f"step {r['step']} trained on policies {versions}"
+        assert r["wait_time"] >= 0 and r["publish_time"] >= 0, r
     assert max(r["off_policy_max"] for r in orchestrator) <= bound
+    assert any("weights_write_time" in r for r in trainer), "the background writes were timed"
 
     versions = [r["weights_version"] for r in orchestrator]
     assert versions[-1] >= steps - 3, "inference kept up with the trainer's weights"
