@@ -201,7 +201,8 @@ def test_trainer_and_orchestrator_log_into_one_offline_run(installed_plugins, pr
         assert proc.returncode == 0, logs[role]
 
     run_id = (out / "logs" / "wandb-run-id").read_text().strip()
-    folders = sorted((out / "wandb").glob(f"offline-run-*-{run_id}-*"))
+    # by role: the two roles may start in different seconds, and the folder names begin with the time
+    folders = sorted((out / "wandb").glob(f"offline-run-*-{run_id}-*"), key=lambda f: f.name.rsplit("-", 1)[1])
     assert [f.name.rsplit("-", 1)[1] for f in folders] == ["orchestrator", "trainer"], folders
     for role, folder in zip(("orchestrator", "trainer"), folders, strict=True):
         log = logs[role]
