@@ -94,7 +94,7 @@ def run(config) -> int:
                 record["teacher_kl"] = sums["teacher_kl"]
             metrics.log(step, record, show=SHOW)
         if config.ckpt.interval and step % config.ckpt.interval == 0:
-            publishing.wait()  # this step's weights on disk before a checkpoint a resume would republish them from
+            publishing.wait()  # the weights of this step are on disk before its checkpoint exists
             path = ckpt.save(config.output_dir, step, policy.model, training.optimizer, {}, world=world,
                              keep_last=config.ckpt.keep_last, keep_interval=config.ckpt.keep_interval)
             if world.main:
