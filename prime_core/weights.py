@@ -79,6 +79,18 @@ def record_plugins(folder: Path) -> None:
     (Path(folder) / PLUGINS_FILE).write_text(json.dumps(get_plugin_manager().versions(), indent=2) + "\n")
 
 
+def host_copy(tensor, buffers: dict, key: str, *, pin: bool):
+    """``tensor`` copied into ``buffers[key]``, a host tensor kept from one call to the next
+    (pinned for copies to or from a GPU: pinning gigabytes anew each time costs more than the
+    copy). A copy from a GPU is asynchronous: synchronize before reading the buffer."""
+    import torch
+
+    buffer = buffers.get(key)
+    if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+        buffer = buffers[key] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin)
+    return buffer.copy_(tensor, non_blocking=tensor.is_cuda)
+
+
 def versions(root: Path) -> list[tuple[int, Path]]:
     if not root.is_dir():
         return []

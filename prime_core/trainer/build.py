@@ -220,15 +220,11 @@ def full_state_dict(policy: Policy, world, *, into: dict | None = None) -> dict 
 
 
 def _to_host(key: str, value, into: dict | None):
-    import torch
+    from prime_core.weights import host_copy
 
     if into is None:
         return value.to("cpu")  # a CPU model's own tensor when it needs no cast
-    buffer = into.get(key)
-    if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
-        buffer = into[key] = torch.empty(value.shape, dtype=value.dtype, pin_memory=value.is_cuda)
-    buffer.copy_(value, non_blocking=value.is_cuda)
-    return buffer
+    return host_copy(value, into, key, pin=value.is_cuda)
 
 
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_offload_wrapped_module.")

@@ -118,14 +118,11 @@ def stage(model, folder: Path, buffers: dict | None = None) -> Staged:
 
 
 def _host_copy(key: str, tensor, buffers: dict | None, pin: bool):
-    import torch
+    from prime_core.weights import host_copy
 
     if buffers is None:
         return tensor.pin_memory() if pin else tensor.clone()
-    buffer = buffers.get(key)
-    if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
-        buffer = buffers[key] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin)
-    return buffer.copy_(tensor)
+    return host_copy(tensor, buffers, key, pin=pin)
 
 
 def apply(model, staged: Staged) -> str:
@@ -139,11 +136,6 @@ def apply(model, staged: Staged) -> str:
             state[key].copy_(tensor, non_blocking=True)
     _synchronize(str(next(model.parameters()).device))
     return staged.how
-
-
-def load_into(model, folder: Path) -> str:
-    """``stage`` then ``apply``: for a model that is not serving."""
-    return apply(model, stage(model, folder))
 
 
 def _converted(model, folder: Path) -> dict:
