@@ -42,8 +42,17 @@ class World:
 
 def from_env() -> tuple[int, int, int]:
     """``(rank, local_rank, world_size)`` as torchrun sets them (``0, 0, 1`` otherwise)."""
-    return (int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
-            int(os.environ.get("WORLD_SIZE", 1)))
+    rank, local_rank, size = (int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
+                              int(os.environ.get("WORLD_SIZE", 1)))
+    if not 0 <= rank < size:
+        # A stray RANK (e.g. exported for something else) would make a lone process no rank 0:
+        # it would train without ever publishing or logging, and its run would wait forever.
+        from prime_core.errors import PrimeError
+
+        raise PrimeError(f"the environment says RANK={rank} but WORLD_SIZE={size}",
+                         hint="unset RANK (and LOCAL_RANK) in the shell that starts prime: torchrun and prime's "
+                              "launchers set them for the processes they start")
+    return rank, local_rank, size
 
 
 def init(timeout_seconds: float | None = None) -> World:

@@ -107,3 +107,17 @@ def test_sft_on_two_processes_logs_per_rank_and_resumes_on_one(tiny, tmp_path):
     for key, value in final.items():
         assert torch.equal(state[key], value), key
     assert optimizer.state, "the optimizer state came back too"
+
+
+def test_a_stray_rank_in_the_environment_is_refused(tiny, tmp_path):
+    """RANK left in the shell would make a lone trainer no rank 0: it would train without
+    publishing or logging, and its run would wait forever. It stops at once, saying so."""
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]})
+                    + "\n")
+    result = subprocess.run([sys.executable, "-m", "prime_core", "sft", "--model.name", str(tiny), "--data.path",
+                             str(data), "--output-dir", str(tmp_path / "sft"), "--max-steps", "1"],
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "RANK": "32"})
+    assert result.returncode != 0
+    assert "RANK=32 but WORLD_SIZE=1" in result.stderr and "unset RANK" in result.stderr, result.stderr
