@@ -16,16 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from prime_core.orchestrator.env import Task
-from prime_core.orchestrator.expected import expected_exact_match
 from prime_core.testing import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
-ALL_SUMS = [
-    Task(prompt=[{"role": "system", "content": "Add the numbers. Reply with the result only."},
-                 {"role": "user", "content": f"{a}+{b}"}], answer=str(a + b))
-    for a in range(10) for b in range(10)
-]
 EXAMPLE = ROOT / "examples" / "cpu"
 
 pytestmark = [
@@ -52,14 +45,11 @@ def records(out: Path, role: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def warm_model(tmp_path_factory) -> Path:
-    """The example's tiny model after a short SFT warm-up (answers in the right format)."""
-    root = tmp_path_factory.mktemp("model")
-    prime("model", "tiny", str(root / "base"), "--hidden-size", "128", "--num-layers", "2")
-    prime("envs", "sft-data", "arithmetic", str(root / "sft.jsonl"), "--n", "8000", "--args", '{"digits": 1}')
-    prime("sft", str(EXAMPLE / "sft.toml"), "--output-dir", str(root / "sft"), "--model.name", str(root / "base"),
-          "--data.path", str(root / "sft.jsonl"), "--max-steps", "150")
-    return root / "sft" / "model"
+def tiny_model(tmp_path_factory) -> Path:
+    """The example's tiny model, untrained (LEARNABLE is a task it learns within a few steps)."""
+    model = tmp_path_factory.mktemp("model") / "tiny"
+    prime("model", "tiny", str(model), "--hidden-size", "128", "--num-layers", "2")
+    return model
 
 
 def rl_args(model: Path, out: Path, *extra: str) -> list[str]:
@@ -67,12 +57,11 @@ def rl_args(model: Path, out: Path, *extra: str) -> list[str]:
             "--inference.server.port", str(free_ports(1)), *extra]
 
 
-def test_reward_rises_policy_lag_is_bounded_and_weights_reach_inference(tmp_path):
+def test_reward_rises_policy_lag_is_bounded_and_weights_reach_inference(tiny_model, tmp_path):
     """The example's config on a task a random tiny model learns within a few steps (LEARNABLE):
     the sampled reward rises by far more than its noise, so twenty steps show it (the example's
     own arithmetic rose a few points in 80 steps and needed an exact measure to see it)."""
-    model, out, steps = tmp_path / "tiny", tmp_path / "rl", 20
-    prime("model", "tiny", str(model), "--hidden-size", "128", "--num-layers", "2")
+    model, out, steps = tiny_model, tmp_path / "rl", 20
     # Two trainer processes (gloo): the multi-process trainer learns like one.
     prime(*rl_args(model, out, "--max-steps", str(steps), "--deployment.num-train-gpus", "2", *LEARNABLE))
     assert {p.name for p in (out / "logs" / "trainer").iterdir()} == {"rank_0.log", "rank_1.log"}
@@ -102,16 +91,15 @@ def test_reward_rises_policy_lag_is_bounded_and_weights_reach_inference(tmp_path
     assert abs(trainer[0]["mismatch_kl"]) < 1e-3, f"trainer and vLLM disagree: {trainer[0]['mismatch_kl']}"
 
 
-def test_lora_rl_serves_each_adapter_and_learns(warm_model, tmp_path):
+def test_lora_rl_serves_each_adapter_and_learns(tiny_model, tmp_path):
     """LoRA end to end: the trainer publishes only adapters, vLLM serves each new one (the
-    first step's samples match the trainer's log-probabilities), and the merged result is
-    better at the task than the model it started from."""
-    from prime_plugin_lora.lora import merge
-
+    first step's samples match the trainer's log-probabilities), and the sampled reward rises.
+    (LoRA learns LEARNABLE ten times slower than full training, 0.00 -> 0.03 in twenty steps in
+    three runs at learning rates 1e-2 to 5e-2: means of five steps keep that above the noise.)"""
     out = tmp_path / "rl"
-    steps = 30
-    prime(*rl_args(warm_model, out, "--max-steps", str(steps), "--trainer.model.lora.rank", "8",
-                   "--trainer.model.lora.alpha", "16", "--trainer.optim.lr", "3e-3"))
+    steps = 20
+    prime(*rl_args(tiny_model, out, "--max-steps", str(steps), "--trainer.model.lora.rank", "8",
+                   "--trainer.model.lora.alpha", "16", *LEARNABLE, "--trainer.optim.lr", "2e-2"))
     trainer, orchestrator = records(out, "trainer"), records(out, "orchestrator")
     assert [r["step"] for r in trainer] == list(range(1, steps + 1))
     final = out / "weights" / f"step_{steps}"
@@ -119,18 +107,16 @@ def test_lora_rl_serves_each_adapter_and_learns(warm_model, tmp_path):
                                                           "prime_plugins.json"]
     # one float32 process: FSDP would have nothing to do there, so only LoRA wraps the model
     assert "strategies lora, steps 1" in (out / "logs" / "trainer.log").read_text()
-    assert f"as LoRA adapter {warm_model}-lora-step-" in (out / "logs" / "orchestrator.log").read_text()
+    assert f"as LoRA adapter {tiny_model}-lora-step-" in (out / "logs" / "orchestrator.log").read_text()
     kl = trainer[0]["mismatch_kl"]
     assert abs(kl) < 1e-3, f"vLLM's adapter and the trainer disagree: {kl}"
     versions = [r["weights_version"] for r in orchestrator]
     assert versions[-1] >= steps - 3
     probes = {r["weights_version"]: r["probe_logprob"] for r in orchestrator}
     assert probes[versions[-1]] != pytest.approx(probes[0], abs=1e-6), "outputs changed with the adapters"
-    before = expected_exact_match(warm_model, ALL_SUMS)
-    after = sum(expected_exact_match(merge(str(warm_model), str(out / "weights" / f"step_{s}"),
-                                           str(tmp_path / f"merged_{s}")), ALL_SUMS)
-                for s in range(steps - 2, steps + 1)) / 3  # mean of the last three versions
-    assert after > before + 0.01, f"expected reward did not rise with LoRA: {before:.3f} -> {after:.3f}"
+    rewards = [r["reward"] for r in orchestrator]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.01, f"sampled reward did not rise with LoRA: {first:.3f} -> {last:.3f} ({rewards})"
 
 
 def test_moe_rl_with_expert_parallel_native_model(tmp_path):
@@ -164,13 +150,12 @@ LEARNABLE = ["--orchestrator.env", '[{"id": "reverse_text", "args": {"alphabet":
 ``reverse_text`` strings over "ab" (partial credit)."""
 
 
-def test_two_replicas_with_a_client_side_router_learn_and_a_dead_one_stops_the_run(tmp_path):
+def test_two_replicas_with_a_client_side_router_learn_and_a_dead_one_stops_the_run(tiny_model, tmp_path):
     """inference.parallel.dp = 2 and the orchestrator's own consistent_hash router: two `prime
     inference` processes on consecutive ports with their own configs; both serve and load every
     new policy while it learns. Then one replica dies, and with on_replica_failure = "stop" the
     run stops, naming it. (The vllm-router plugin's end-to-end test covers "continue".)"""
-    model, out, steps, kill_at = tmp_path / "tiny", tmp_path / "rl", 30, 12
-    prime("model", "tiny", str(model), "--hidden-size", "128", "--num-layers", "2")
+    model, out, steps, kill_at = tiny_model, tmp_path / "rl", 30, 12
     port = free_ports(2)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     run = subprocess.Popen(
@@ -221,10 +206,10 @@ def test_two_replicas_with_a_client_side_router_learn_and_a_dead_one_stops_the_r
         assert served.count("POST /collective_rpc") >= len(loaded), f"replica on port {p} missed new weights"
 
 
-def test_trainer_killed_mid_run_resumes_without_gap_or_repeat(warm_model, tmp_path):
+def test_trainer_killed_mid_run_resumes_without_gap_or_repeat(tiny_model, tmp_path):
     out = tmp_path / "rl"
     steps = 12
-    args = rl_args(warm_model, out, "--max-steps", str(steps), "--ckpt.interval", "3")
+    args = rl_args(tiny_model, out, "--max-steps", str(steps), "--ckpt.interval", "3", *LEARNABLE)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     run = subprocess.Popen([sys.executable, "-m", "prime_core", *args], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, env=env)
@@ -255,12 +240,12 @@ def test_trainer_killed_mid_run_resumes_without_gap_or_repeat(warm_model, tmp_pa
     assert superseded.exists() or killed_at % 3 == 0, "redone steps were moved aside, not lost"
 
 
-def test_port_in_use_stops_every_role(warm_model, tmp_path):
+def test_port_in_use_stops_every_role(tiny_model, tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = prime("run", str(EXAMPLE / "rl.toml"), "--model.name", str(warm_model),
+        result = prime("run", str(EXAMPLE / "rl.toml"), "--model.name", str(tiny_model),
                        "--output-dir", str(tmp_path / "rl"), "--inference.server.port", str(port),
                        "--max-steps", "2", check=False, timeout=300)
     assert result.returncode != 0
@@ -268,20 +253,20 @@ def test_port_in_use_stops_every_role(warm_model, tmp_path):
     assert "inference.server.port" in result.stderr and str(port) in result.stderr
 
 
-def test_server_that_never_becomes_healthy_times_out_clearly(warm_model, tmp_path):
-    result = prime(*rl_args(warm_model, tmp_path / "rl", "--max-steps", "2", "--inference.startup-timeout", "3"),
+def test_server_that_never_becomes_healthy_times_out_clearly(tiny_model, tmp_path):
+    result = prime(*rl_args(tiny_model, tmp_path / "rl", "--max-steps", "2", "--inference.startup-timeout", "3"),
                    check=False, timeout=300)
     assert result.returncode != 0
     assert "role 'inference' exited" in result.stderr
     assert "inference.startup_timeout" in result.stderr
 
 
-def test_bad_input_stops_before_anything_starts(warm_model, tmp_path):
+def test_bad_input_stops_before_anything_starts(tiny_model, tmp_path):
     missing = prime("run", str(EXAMPLE / "rl.toml"), "--model.name", str(tmp_path / "nope"),
                     "--output-dir", str(tmp_path / "a"), check=False)
     assert missing.returncode == 2 and "model folder not found" in missing.stderr
     assert not (tmp_path / "a").exists()
-    unknown_env = prime("run", str(EXAMPLE / "rl.toml"), "--model.name", str(warm_model),
+    unknown_env = prime("run", str(EXAMPLE / "rl.toml"), "--model.name", str(tiny_model),
                         "--output-dir", str(tmp_path / "b"), "--orchestrator.env", '[{"id": "chess"}]', check=False)
     assert unknown_env.returncode == 2
     assert "orchestrator.env[0].id = 'chess': no installed plugin provides an environment" in unknown_env.stderr

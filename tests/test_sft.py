@@ -53,6 +53,14 @@ def test_sft_learns_a_small_dataset(tiny, tmp_path):
     AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "model")
     AutoTokenizer.from_pretrained(tmp_path / "out" / "model")
     assert "prime-plugin-hf" in json.loads((tmp_path / "out" / "model" / "prime_plugins.json").read_text())
+    # The exact expected reward of sampling the learned answers (examples/cpu reports it) rose
+    # from chance: the probability of each answer through its end of turn.
+    from prime_core.orchestrator.env import Task
+    from prime_core.orchestrator.expected import expected_exact_match
+
+    tasks = [Task(prompt=r["messages"][:1], answer=r["messages"][1]["content"]) for r in rows]
+    before, after = expected_exact_match(tiny, tasks), expected_exact_match(tmp_path / "out" / "model", tasks)
+    assert before < 1e-3 and after > 0.1, (before, after)  # 9e-6 -> 0.20 here
 
 
 def test_bad_data_names_the_line(tiny, tmp_path):
