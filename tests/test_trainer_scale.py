@@ -113,8 +113,8 @@ def test_a_stray_rank_in_the_environment_is_refused(tiny, tmp_path):
     """RANK left in the shell would make a lone trainer no rank 0: it would train without
     publishing or logging, and its run would wait forever. It stops at once, saying so."""
     data = tmp_path / "d.jsonl"
-    data.write_text(json.dumps({"messages": [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]})
-                    + "\n")
+    chat = [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]
+    data.write_text(json.dumps({"messages": chat}) + "\n")
     result = subprocess.run([sys.executable, "-m", "prime_core", "sft", "--model.name", str(tiny), "--data.path",
                              str(data), "--output-dir", str(tmp_path / "sft"), "--max-steps", "1"],
                             capture_output=True, text=True, timeout=300,

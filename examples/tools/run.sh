@@ -3,7 +3,7 @@
 # answering (calling the calculator, and answering directly), then RL with vLLM on the
 # calculator environment, where only the tool gets three-digit sums right.
 #   bash examples/tools/run.sh                                      # outputs under outputs/tools
-#   OUT=/tmp/x SFT_STEPS=100 RL_STEPS=20 bash examples/tools/run.sh  # shorter
+#   OUT=/tmp/x RL_STEPS=20 bash examples/tools/run.sh               # shorter RL (the warm-up needs its 500 steps)
 # Extra arguments go to the RL run, e.g. --inference.server.port 8100.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,7 +19,7 @@ rm -rf "$out/base" "$out/sft"
 # 30% of the examples call the tool (call, result, answer); the rest answer directly.
 "$prime" envs sft-data calculator "$out/sft.jsonl" --n 8000 --demos "${DEMOS:-0.3}" --args '{"digits": 3}'
 "$prime" sft "$here/../cpu/sft.toml" --output-dir "$out/sft" --model.name "$out/base" --data.path "$out/sft.jsonl" \
-  --max-steps "${SFT_STEPS:-200}"
+  --max-steps "${SFT_STEPS:-500}"
 sft_done=$(date +%s)
 "$prime" run "$here/rl.toml" --output-dir "$out/rl" --model.name "$out/sft/model" --max-steps "${RL_STEPS:-40}" \
   --clean "$@"
