@@ -50,8 +50,8 @@ def from_env() -> tuple[int, int, int]:
         from prime_core.errors import PrimeError
 
         raise PrimeError(f"the environment says RANK={rank} but WORLD_SIZE={size}",
-                         hint="unset RANK (and LOCAL_RANK) in the shell that starts prime: torchrun and prime's "
-                              "launchers set them for the processes they start")
+                         hint="unset RANK (and LOCAL_RANK) in the shell that starts prime: its launchers set "
+                              "them for the processes they start")
     return rank, local_rank, size
 
 
