@@ -14,41 +14,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 
 
 def probe(model_path, n: int = 64, seed: int = 123) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    from prime_core.orchestrator.expected import answer_probabilities
     from prime_core.orchestrator.tools import ToolCall
     from prime_core.plugins import get_plugin_manager
-    from prime_core.sft.role import chat_sample
     from prime_plugin_tasks.calculator import Calculator, calculator
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     format_calls = get_plugin_manager().select("tool_parsers", "hermes", key="tool_parser").format
-
-    def p(messages) -> float:
-        """Probability of the last (assistant) message through its end of turn."""
-        sample = chat_sample(tokenizer, messages)
-        ids = torch.tensor([sample.prompt_ids + sample.completion_ids])
-        with torch.no_grad():
-            logp = model(ids).logits[0, :-1].log_softmax(-1)
-        picked = logp.gather(-1, ids[0, 1:, None])[len(sample.prompt_ids) - 1:]
-        return math.exp(float(picked.sum()))
-
-    rows = []
+    chats = []  # per task: the right call, the answer after the tool's result, the direct answer
     for task in Calculator(digits=3, operations="+").tasks(random.Random(seed), n):
         expression = task.info["expression"]
         call = {"role": "assistant", "content": format_calls([ToolCall(name="calculator",
                                                                         arguments={"expression": expression})])}
         answer = {"role": "assistant", "content": task.answer}
-        rows.append((p([*task.prompt, call]),
-                     p([*task.prompt, call, {"role": "tool", "content": calculator(expression)}, answer]),
-                     p([*task.prompt, answer])))
+        chats += [[*task.prompt, call], [*task.prompt, call, {"role": "tool", "content": calculator(expression)},
+                                          answer], [*task.prompt, answer]]
+    p = answer_probabilities(model_path, chats)
+    rows = [p[i:i + 3] for i in range(0, len(p), 3)]
     mean = lambda values: sum(values) / len(values)  # noqa: E731
     return {"p_call": mean([r[0] for r in rows]), "p_copy": mean([r[1] for r in rows]),
             "p_direct": mean([r[2] for r in rows]), "expected_reward": mean([r[0] * r[1] + r[2] for r in rows])}

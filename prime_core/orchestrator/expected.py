@@ -9,7 +9,9 @@ noise, which makes a before/after comparison of two checkpoints exact.
 from __future__ import annotations
 
 
-def expected_exact_match(model_path, tasks, *, tokenizer_path=None, device: str = "cpu") -> float:
+def answer_probabilities(model_path, conversations, *, tokenizer_path=None, device: str = "cpu") -> list[float]:
+    """For each chat, the probability at temperature 1 that the model writes its last
+    (assistant) message, through its end of turn, after the messages before it."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -17,13 +19,19 @@ def expected_exact_match(model_path, tasks, *, tokenizer_path=None, device: str 
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
-    total = 0.0
+    found = []
     with torch.no_grad():
-        for task in tasks:
-            sample = chat_sample(tokenizer, [*task.prompt, {"role": "assistant", "content": task.answer}])
+        for messages in conversations:
+            sample = chat_sample(tokenizer, messages)
             ids = torch.tensor([sample.prompt_ids + sample.completion_ids], device=device)
             logp = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
             targets = ids[0, 1:]
             token_logp = logp.gather(-1, targets[:, None])[:, 0][len(sample.prompt_ids) - 1:]
-            total += float(token_logp.sum().exp())
-    return total / len(tasks)
+            found.append(float(token_logp.sum().exp()))
+    return found
+
+
+def expected_exact_match(model_path, tasks, *, tokenizer_path=None, device: str = "cpu") -> float:
+    found = answer_probabilities(model_path, [[*task.prompt, {"role": "assistant", "content": task.answer}]
+                                              for task in tasks], tokenizer_path=tokenizer_path, device=device)
+    return sum(found) / len(found)
