@@ -284,8 +284,8 @@ def test_tool_example_learns_to_call_the_tool_with_eval_and_on_policy_samples(to
     log-probabilities (mismatch KL ~ 0), and the policy learns to call the tool: tool calls per
     sample and the reward rise (0.29 -> 0.95 and 0.23 -> 0.65 in the example's first 20 steps;
     0.26 -> 0.77 and 0.24 -> 0.58 from steps 1-2 to 8-10 of this test in one run; the margins
-    asked leave several times the noise of these means at batch 64). examples/tools/report.py reads the run.
-    Runs last: it loads new weights into the server."""
+    asked leave several times the noise of these means at batch 64). examples/tools/report.py
+    reads the run. Runs last: it loads new weights into the server."""
     out, steps = tmp_path / "rl", 10
     prime("run", str(EXAMPLE / "rl.toml"), "--model.name", str(tool_model), "--output-dir", str(out),
           "--no-inference", "--orchestrator.client.base-url", server, "--max-steps", str(steps),

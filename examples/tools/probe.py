@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from statistics import mean
 
 
 def probe(model_path, n: int = 64, seed: int = 123) -> dict:
@@ -34,7 +35,6 @@ def probe(model_path, n: int = 64, seed: int = 123) -> dict:
                                           answer], [*task.prompt, answer]]
     p = answer_probabilities(model_path, chats)
     rows = [p[i:i + 3] for i in range(0, len(p), 3)]
-    mean = lambda values: sum(values) / len(values)  # noqa: E731
     return {"p_call": mean([r[0] for r in rows]), "p_copy": mean([r[1] for r in rows]),
             "p_direct": mean([r[2] for r in rows]), "expected_reward": mean([r[0] * r[1] + r[2] for r in rows])}
 
