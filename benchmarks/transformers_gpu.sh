@@ -10,7 +10,7 @@
 # GPUs instead of sharing GPU 0. Results: $OUT/results.jsonl; each run's metrics and logs in $OUT/<shape>-async<k>/
 # (models and checkpoints stay in /tmp: gigabytes).
 # Knobs (environment): STEPS (10), BATCH (256 samples), MAX_TOKENS (256), UTIL (0.35 of the GPU for inference),
-# ARGS (inference.args of the runs, JSON), VARIANTS ("LABEL JSON;LABEL JSON;..." for the variants phase).
+# ARGS (inference.args of the runs, JSON), TRANSPORT (weight_broadcast.type: filesystem, or ipc), VARIANTS ("LABEL JSON;LABEL JSON;..." for the variants phase).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/prime-transformers}
@@ -20,14 +20,15 @@ bench() {  # bench SHAPE ASYNC_LEVEL
   timeout 580 python3 benchmarks/transformers_rl_bench.py --out "$OUT" --work /tmp/prime-transformers-runs \
     --models /tmp/prime-transformers-models --shapes "$1" --async-levels "$2" \
     --gpus "${GPUS:-1}" --steps "${STEPS:-10}" --batch-size "${BATCH:-256}" --max-tokens "${MAX_TOKENS:-256}" \
-    --gpu-memory-utilization "${UTIL:-0.35}" --timeout 420 ${ARGS:+-- --inference.args "$ARGS"} \
+    --gpu-memory-utilization "${UTIL:-0.35}" --timeout 420 --weight-broadcast "${TRANSPORT:-filesystem}" \
+    ${ARGS:+-- --inference.args "$ARGS"} \
     || echo "bench $1 async_level=$2 exited $?"
 }
 for phase in "$@"; do
   case "$phase" in
     tests)
       timeout 560 python3 -m pytest -q -p no:cacheprovider -rs -s plugins/inference/transformers/tests/test_gpu.py \
-        plugins/inference/transformers/tests/test_contract.py plugins/inference/transformers/tests/test_engine.py \
+        plugins/inference/transformers/tests/test_shared_weights.py plugins/inference/transformers/tests/test_contract.py plugins/inference/transformers/tests/test_engine.py \
         > "$OUT/tests.log" 2>&1
       grep -i "mismatch KL" "$OUT/tests.log"; tail -15 "$OUT/tests.log" ;;
     0.6b-async) bench qwen3-0.6b 1 ;;

@@ -101,12 +101,14 @@ def run_config(args: argparse.Namespace, async_level: int, gpu: bool) -> str:
 
 def run_one(args: argparse.Namespace, shape: str, model: Path, async_level: int, gpu: bool) -> Path:
     backend = "" if args.backend == "transformers" else f"-{args.backend}"
-    out = args.work / f"{shape}{backend}-async{async_level}"
+    transport = "" if args.weight_broadcast == "filesystem" else f"-{args.weight_broadcast}"
+    out = args.work / f"{shape}{backend}-async{async_level}{transport}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "rl.toml").write_text(run_config(args, async_level, gpu))
     port = free_ports(1)
     command = [sys.executable, "-m", "prime_core", "run", str(out / "rl.toml"), "--model.name", str(model),
-               "--output-dir", str(out / "run"), "--inference.server.port", str(port), "--clean", *args.extra]
+               "--output-dir", str(out / "run"), "--inference.server.port", str(port), "--clean",
+               "--weight-broadcast.type", args.weight_broadcast, *args.extra]
     print(f"$ {' '.join(command)}", flush=True)
     start = time.monotonic()
     with open(out / "console.log", "w") as console:
@@ -214,8 +216,8 @@ def table(results: list[dict]) -> str:
     by = {r["run"]: r for r in results}
     for name, r in by.items():
         sync = by.get(name.replace("-async1", "-async0"))
-        if name.endswith("-async1") and sync:
-            lines.append(f"\n{name.removesuffix('-async1')}: async {r['steps_per_hour']:.0f} vs sync "
+        if "-async1" in name and sync:
+            lines.append(f"\n{name.replace('-async1', '')}: async {r['steps_per_hour']:.0f} vs sync "
                          f"{sync['steps_per_hour']:.0f} steps/h = {r['steps_per_hour'] / sync['steps_per_hour']:.2f}x")
     return "\n".join(lines)
 
@@ -256,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm"],
                         help="vllm: inference time is the orchestrator's sampling time per step (no weight load "
                              "figures); its runs are named SHAPE-vllm-async<k>")
+    parser.add_argument("--weight-broadcast", default="filesystem", choices=["filesystem", "ipc"],
+                        help="the weight transport (ipc: shared memory, trainer and inference on one GPU); "
+                             "its runs are named SHAPE-async<k>-ipc")
     parser.add_argument("extra", nargs="*", help="more `prime run` arguments, after --")
     args = parser.parse_args(argv[1:] if only_table else argv)
     if only_table:
@@ -283,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             if result is None:
                 print(f"{shape} async_level={level}: no steady-state steps to report", flush=True)
                 continue
-            result.update(shape=shape, gpus=args.gpus if gpu else 0, device=torch.cuda.get_device_name(0) if gpu
+            result.update(shape=shape, weight_broadcast=args.weight_broadcast, gpus=args.gpus if gpu else 0,
+                          device=torch.cuda.get_device_name(0) if gpu
                           else "cpu", batch_size=args.batch_size, max_tokens=args.max_tokens, dtype=args.dtype,
                           gpu_memory_utilization=args.gpu_memory_utilization, when=time.strftime("%Y-%m-%dT%H:%M:%S"))
             with (args.out / "results.jsonl").open("a") as f:

@@ -461,12 +461,21 @@ class WeightTransport(Spec):
     takes its next step (it reads only the tensors it is given and the model's config; the
     trainer hands it its own copy of them). The trainer then waits for one publish to finish
     before it starts the next, and for the last one before it exits.
+
+    ``device_tensors``: ``publish`` gets the full tensors where the trainer holds them (its GPU),
+    cast to the model's dtype, rather than host copies; it must copy what it keeps before it
+    returns (some are the live parameters). For a transport that hands device memory to
+    inference on the same machine.
+
+    ``path`` in ``latest()`` is a Hugging Face folder for ``filesystem``; a transport may instead
+    publish a folder that only its receivers read (a descriptor of where the tensors are).
     """
 
     publisher: Ref = ref()
     loader: Ref = ref()
     loads_every_version: bool = False
     publishes_in_background: bool = False
+    device_tensors: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

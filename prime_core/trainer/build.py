@@ -188,12 +188,13 @@ def _to_device(model, device) -> None:
                                                              requires_grad=param.requires_grad)
 
 
-def full_state_dict(policy: Policy, world, *, into: dict | None = None) -> dict | None:
+def full_state_dict(policy: Policy, world, *, into: dict | None = None, on_device: bool = False) -> dict | None:
     """What is published: full (unsharded) tensors with Hugging Face names, on CPU, on rank 0
     (``None`` elsewhere). Every rank must call it: gathering is collective. ``into``: host
     buffers kept from one call to the next (pinned for a GPU model), which the tensors are
     copied into, for a publish that runs while the next step trains; without it a model on the
-    CPU hands out its own parameters."""
+    CPU hands out its own parameters. ``on_device``: the tensors stay on the trainer's device
+    (a transport with ``device_tensors``; some are the live parameters)."""
     import torch
 
     if policy.exporter is not None:
@@ -213,7 +214,7 @@ def full_state_dict(policy: Policy, world, *, into: dict | None = None) -> dict 
         if value.is_floating_point():  # cast where the tensor is: fewer bytes cross to the host
             value = value.to(dtype)
         device_copies |= value.is_cuda
-        state[key] = _to_host(key, value, into)
+        state[key] = value if on_device else _to_host(key, value, into)
     if device_copies and into is not None:
         torch.cuda.synchronize()  # the copies into pinned buffers are asynchronous
     return clean_names(state) if world.main else None

@@ -117,6 +117,7 @@ class Publishing:
         self.config, self.manager, self.policy, self.world = config, manager, policy, world
         self.publisher = transport.publisher(config, output_dir=config.output_dir) if world.main else None
         self.background = world.main and transport.publishes_in_background and policy.exporter is None
+        self.on_device = transport.device_tensors
         self.thread: threading.Thread | None = None
         self.step: int | None = None
         self.error: BaseException | None = None
@@ -127,7 +128,8 @@ class Publishing:
 
     def publish(self, step: int, *, wait: bool = False) -> None:
         self.wait()
-        state = full_state_dict(self.policy, self.world, into=self.buffers if self.background else None)  # collective
+        state = full_state_dict(self.policy, self.world, into=self.buffers if self.background else None,
+                                on_device=self.on_device)  # collective
         if self.world.main:
             self.step, self.error = step, None
             if self.background:

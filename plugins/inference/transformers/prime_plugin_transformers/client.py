@@ -96,9 +96,11 @@ class TransformersClient:
             raise PrimeError(f"loading {path} into the transformers server at {self.root}: it is a LoRA adapter, "
                              "which this backend does not serve",
                              hint="train without trainer.model.lora, or use inference.backend = 'vllm'")
-        await self._post("/load_weights", f"loading weights of step {step} ({path})", {"path": str(path),
-                                                                                         "step": step})
-        return None
+        answer = await self._post("/load_weights", f"loading weights of step {step} ({path})",
+                                  {"path": str(path), "step": step})
+        served = answer.get("step", step) if isinstance(answer, dict) else step
+        # weight_broadcast.type = 'ipc': the slot may already hold a newer version, which was loaded
+        return None if served in (None, step) else f"step {served}, newer (step {step}'s shared slot was reused)"
 
     async def close(self) -> None:
         if self._http is not None:

@@ -10,7 +10,9 @@ it, called from many HTTP handler threads at once:
   temperature 0 is sampled with top-p ~0 (only the most likely token survives) and its
   log-probabilities, which that gives as 0, are computed again from the unscaled logits by one
   forward pass, as vLLM returns them for greedy requests.
-- ``load_weights``: the new tensors are copied into the live model while it is not in use:
+- ``load_weights``: the new tensors (a published folder read into host buffers, or views of
+  the trainer's shared slot with ``weight_broadcast.type = 'ipc'``) are copied into the live
+  model while it is not in use:
   the manager's ``pause()`` where transformers has it (5.19: requests keep their KV cache and
   continue on the new weights, as with vLLM), otherwise new requests wait and the running ones
   finish first (5.17).
@@ -24,13 +26,15 @@ import logging
 import threading
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from prime_plugin_transformers import shared_weights
 from prime_plugin_transformers.admission import Gate
 from prime_plugin_transformers.params import Params
 from prime_plugin_transformers.usage import Usage
+from prime_plugin_transformers.weights import apply, stage
 
 log = logging.getLogger("prime.transformers")
 
@@ -95,6 +99,7 @@ class Engine:
         self._exclusive_lock = threading.Lock()
         self._staging_lock = threading.Lock()
         self._staging: dict = {}  # host copies of the weights being loaded, reused from load to load
+        self._mapped = shared_weights.Mapped()  # the trainer's shared slots (weight_broadcast.type = 'ipc')
         self._gate = Gate()
         self._stopping = threading.Event()
         self._start_lock = threading.Lock()
@@ -317,26 +322,32 @@ class Engine:
                 yield
 
     def load_weights(self, path: str, step: int | None = None) -> dict[str, Any]:
-        from prime_plugin_transformers.weights import apply, stage
-
         folder = Path(path)
         with self._staging_lock:  # one load at a time: they share the staging buffers
             started = time.perf_counter()
-            staged = stage(self.model, folder, self._staging)  # while the model serves: only the copy pauses it
-            read = time.perf_counter()
-            with self._exclusive():
-                paused = time.perf_counter()
-                how = apply(self.model, staged)
-                self._generation += 1
-                with self._lock:
-                    self._log_usage()
+            with self._staged(folder) as staged:  # read while the model serves: only the copy pauses it
+                read = time.perf_counter()
+                with self._exclusive():
+                    paused = time.perf_counter()
+                    how = apply(self.model, staged)
+                    self._generation += 1
+                    with self._lock:
+                        self._log_usage()
             done = time.perf_counter()
+        step = staged.step if staged.step is not None else step
         self.version, self.weights_path = step, str(folder)
         seconds, waited, pause = done - started, paused - read, done - paused
         log.info("loaded weights of step %s from %s in %.2f s (read %.2f s while serving, %.2f s waiting for the "
                  "model, %.3f s paused; %s)", step, folder, seconds, read - started, waited, pause, how)
         return {"step": step, "path": str(folder), "seconds": seconds, "waited": waited, "paused": pause,
                 "how": how}
+
+    def _staged(self, folder: Path):
+        """The version in ``folder`` made ready to copy in: a folder of files read into host
+        buffers, or (the ``ipc`` transport) views of the trainer's shared slot, its lock held."""
+        if shared_weights.is_shared(folder):
+            return shared_weights.staged(self.model, folder, self._mapped)
+        return nullcontext(stage(self.model, folder, self._staging))
 
     def _log_usage(self) -> None:
         """One line on what the weights being replaced served (caller holds ``_lock``)."""

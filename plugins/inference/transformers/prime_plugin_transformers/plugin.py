@@ -2,7 +2,8 @@
 
 transformers' continuous batching (``ContinuousBatchingManager``, paged attention) behind a
 small HTTP server in the ``inference`` role's process, with live weight updates, and the client
-the orchestrator samples through. Its ``priority`` (5) is below vLLM's (10): ``auto`` takes it
+the orchestrator samples through; and the ``ipc`` weight transport, which only this backend
+receives (``shared_weights``). Its ``priority`` (5) is below vLLM's (10): ``auto`` takes it
 where vLLM is not installed. Importing this module is cheap: torch and transformers are
 imported only by the server and the client.
 """
@@ -10,7 +11,7 @@ imported only by the server and the client.
 from __future__ import annotations
 
 from prime_core import hookimpl
-from prime_core.specs import InferenceBackend
+from prime_core.specs import InferenceBackend, WeightTransport
 
 PRIME_PLUGIN_API = 1
 OLDEST = (5, 17)
@@ -41,6 +42,16 @@ def prime_inference_backends():
         client="prime_plugin_transformers.client:TransformersClient", available=available,
         priority=5,  # below vLLM's 10: `auto` takes vLLM where it is installed, this one elsewhere
         description="transformers' continuous batching (paged attention) with live weight updates; no vLLM needed",
+    )]
+
+
+@hookimpl
+def prime_weight_transports():
+    return [WeightTransport(
+        name="ipc", publisher="prime_plugin_transformers.shared_weights:SharedPublisher",
+        loader="prime_core.weights:FilesystemLoader", device_tensors=True,
+        description="trainer and transformers servers on one machine share each version's memory (CUDA IPC on a "
+                    "GPU both see, a mapped file on CPUs): no disk, copied device to device",
     )]
 
 

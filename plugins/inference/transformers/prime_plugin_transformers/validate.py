@@ -43,9 +43,32 @@ def orchestrator_problems(orchestrator, prefix: str) -> list[str]:
             "seeds, so the samples would not be reproducible; unset it, or use inference.backend = 'vllm'"]
 
 
+def ipc_problems(config) -> list[str]:
+    """``weight_broadcast.type = 'ipc'`` (this plugin's transport) in an ``rl`` config: only this
+    backend receives it, on the trainer's machine, from a GPU it shares with the trainer."""
+    wb = config.orchestrator.weight_broadcast
+    if wb is None or wb.type != "ipc":
+        return []
+    found, way_out = [], "or use weight_broadcast.type = 'filesystem'"
+    if config.inference is not None and not _uses_us(config.inference.backend, "inference.backend"):
+        found.append(f"weight_broadcast.type = 'ipc' is received by the transformers backend only; inference.backend "
+                     f"is {config.inference.backend!r}: set inference.backend = 'transformers', {way_out}")
+    deployment = config.deployment
+    if deployment.type != "single_node":
+        found.append(f"weight_broadcast.type = 'ipc' shares memory on one machine; deployment.type is "
+                     f"{deployment.type!r}: {way_out}")
+    elif deployment.inference_gpu_ids and deployment.trainer_gpu_ids and \
+            not set(deployment.inference_gpu_ids) & set(deployment.trainer_gpu_ids):
+        found.append(f"weight_broadcast.type = 'ipc' needs the trainer's GPU visible to inference; "
+                     f"deployment.trainer_gpu_ids = {list(deployment.trainer_gpu_ids)} and inference_gpu_ids = "
+                     f"{list(deployment.inference_gpu_ids)} share none: name one GPU for both, {way_out}")
+    return found
+
+
 def problems(config, root: str) -> list[str]:
     found = []
     if root == "rl":
+        found += ipc_problems(config)
         # no [inference] section: the run uses servers started elsewhere (--no-inference)
         if config.inference is not None and _uses_us(config.inference.backend, "inference.backend"):
             found += inference_problems(config.inference, "inference.")

@@ -83,10 +83,12 @@ def read_shapes(files: list[Path]) -> dict[str, tuple]:
 
 
 class Staged:
-    """A checked folder's tensors in host memory, keyed by the model tensor each replaces."""
+    """A checked version's tensors, keyed by the model tensor each replaces: in host memory, or
+    views of a buffer the trainer shares (``shared_weights``). ``step``: the version they are,
+    where the source says (else the caller's)."""
 
-    def __init__(self, tensors: dict, how: str) -> None:
-        self.tensors, self.how = tensors, how
+    def __init__(self, tensors: dict, how: str, step: int | None = None) -> None:
+        self.tensors, self.how, self.step = tensors, how, step
 
 
 def stage(model, folder: Path, buffers: dict | None = None) -> Staged:

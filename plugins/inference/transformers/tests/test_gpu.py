@@ -58,14 +58,16 @@ def model(tmp_path_factory):
                       dtype="bfloat16")
 
 
-def test_a_short_rl_run_on_one_shared_gpu_logs_rewards_and_updates_weights(model, tmp_path):
+@pytest.mark.parametrize("transport", ["filesystem", "ipc"])
+def test_a_short_rl_run_on_one_shared_gpu_logs_rewards_and_updates_weights(model, tmp_path, transport):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     (tmp_path / "rl.toml").write_text(CONFIG)
     out = tmp_path / "rl"
     run = subprocess.run([sys.executable, "-m", "prime_core", "run", str(tmp_path / "rl.toml"), "--model.name",
-                          str(model), "--output-dir", str(out), "--inference.server.port", str(port)],
+                          str(model), "--output-dir", str(out), "--inference.server.port", str(port),
+                          "--weight-broadcast.type", transport],
                          capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -75,6 +77,7 @@ def test_a_short_rl_run_on_one_shared_gpu_logs_rewards_and_updates_weights(model
     server_log = (out / "logs" / f"transformers-{port}.log").read_text()
     assert f"serving {model} (cuda, bfloat16" in server_log
     assert "loaded weights of step 1 from" in server_log
+    assert ("shared through CUDA IPC" in server_log) == (transport == "ipc")
     probes = {r["weights_version"]: r["probe_logprob"] for r in orchestrator}
     assert max(probes) >= 1 and probes[max(probes)] != pytest.approx(probes[0], abs=1e-6), probes
     print(f"bf16 on-policy mismatch KL of step 1: {trainer[0]['mismatch_kl']:.3e}")

@@ -1,7 +1,7 @@
 """``prime run`` end to end with the transformers backend on this CPU machine, vLLM hidden so
 that ``auto`` picks it: the inference log-probabilities agree with the trainer's (the first
 step's on-policy mismatch KL), new weights reach inference and change its outputs, and nothing
-is left running."""
+is left running; with weights through the filesystem and through shared memory (``ipc``)."""
 
 from __future__ import annotations
 
@@ -59,12 +59,13 @@ def prime(*args: str) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
-def test_a_short_rl_run_samples_what_the_trainer_computes_and_updates_inference(tmp_path):
+@pytest.mark.parametrize("transport", ["filesystem", "ipc"])
+def test_a_short_rl_run_samples_what_the_trainer_computes_and_updates_inference(tmp_path, transport):
     model, out, port = tmp_path / "model", tmp_path / "rl", free_port()
     assert prime("model", "tiny", str(model), "--hidden-size", "128", "--num-layers", "2").returncode == 0
     (tmp_path / "rl.toml").write_text(CONFIG)
     run = prime("run", str(tmp_path / "rl.toml"), "--model.name", str(model), "--output-dir", str(out),
-                "--inference.server.port", str(port))
+                "--inference.server.port", str(port), "--weight-broadcast.type", transport)
     assert run.returncode == 0, run.stdout + run.stderr
 
     inference_log = (out / "logs" / "inference.log").read_text()
@@ -79,6 +80,9 @@ def test_a_short_rl_run_samples_what_the_trainer_computes_and_updates_inference(
 
     server_log = (out / "logs" / f"transformers-{port}.log").read_text()
     assert "loaded weights of step 1 from" in server_log and "served " in server_log
+    if transport == "ipc":
+        assert "shared through a shared file" in server_log
+        assert not list((out / "weights").glob("step_*/*.safetensors"))  # no version went through files
     probes = {r["weights_version"]: r["probe_logprob"] for r in orchestrator}
     assert max(probes) >= 1 and probes[max(probes)] != pytest.approx(probes[0], abs=1e-6), probes
 
