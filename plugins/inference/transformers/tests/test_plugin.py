@@ -119,7 +119,8 @@ def test_auto_is_checked_as_the_backend_it_selects(tmp_path):
     inference.backend = "vllm"
     assert problems(inference, "inference") == []
     # a run on servers started elsewhere (--no-inference) has no [inference] section
-    orchestrator = SimpleNamespace(client=SimpleNamespace(backend="transformers"), sampling=SimpleNamespace(seed=None))
+    orchestrator = SimpleNamespace(client=SimpleNamespace(backend="transformers"), sampling=SimpleNamespace(seed=None),
+                                   weight_broadcast=None)
     assert problems(SimpleNamespace(inference=None, orchestrator=orchestrator), "rl") == []
 
 
