@@ -258,9 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="transformers", choices=["transformers", "vllm"],
                         help="vllm: inference time is the orchestrator's sampling time per step (no weight load "
                              "figures); its runs are named SHAPE-vllm-async<k>")
-    parser.add_argument("--weight-broadcast", default="filesystem", choices=["filesystem", "ipc"],
-                        help="the weight transport (ipc: shared memory, trainer and inference on one GPU); "
-                             "its runs are named SHAPE-async<k>-ipc")
+    parser.add_argument("--weight-broadcast", default="filesystem", choices=["filesystem", "ipc", "nccl"],
+                        help="the weight transport (ipc: shared memory, trainer and inference on one GPU; nccl: "
+                             "the process group, on two GPUs or more); its runs are named SHAPE-async<k>-TYPE")
     parser.add_argument("extra", nargs="*", help="more `prime run` arguments, after --")
     args = parser.parse_args(argv[1:] if only_table else argv)
     if only_table:

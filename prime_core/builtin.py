@@ -73,6 +73,31 @@ def prime_validate_config(config, root):
         except PluginError as exc:
             yield str(exc)
             return  # one message is enough: every key fails the same way
+    yield from _transport_problems(config, root)
+
+
+def _transport_problems(config, root: str):
+    """A weight transport whose versions only some backends read, with another backend."""
+    from prime_core.errors import PluginError
+    from prime_core.inference.backend import select_backend
+    from prime_core.plugins import get_plugin_manager
+
+    inference = getattr(config, "inference", None) if root == "rl" else None
+    broadcast = getattr(getattr(config, "orchestrator", None), "weight_broadcast", None)
+    if inference is None or broadcast is None:
+        return
+    manager = get_plugin_manager()
+    try:
+        transport = manager.select("weight_transports", broadcast.type, key="weight_broadcast.type")
+        backend = select_backend(inference.backend, key="inference.backend", manager=manager)
+    except PluginError:
+        return  # an unknown or unavailable name: reported with its key by the name checks
+    if transport.backends and backend.name not in transport.backends:
+        names = " or ".join(repr(b) for b in transport.backends)
+        chosen = repr(inference.backend) + (f" (here: {backend.name!r})" if inference.backend == "auto" else "")
+        yield (f"weight_broadcast.type = {broadcast.type!r} is read by the {names} inference backend(s) only, and "
+               f"inference.backend is {chosen}: set inference.backend to one of them, or use "
+               "weight_broadcast.type = 'filesystem'")
 
 
 @hookimpl

@@ -469,6 +469,8 @@ class WeightTransport(Spec):
 
     ``path`` in ``latest()`` is a Hugging Face folder for ``filesystem``; a transport may instead
     publish a folder that only its receivers read (a descriptor of where the tensors are).
+    ``backends``: then the inference backends that read it (checked when a config is loaded);
+    empty: any backend (the folder holds the weights as files).
     """
 
     publisher: Ref = ref()
@@ -476,6 +478,7 @@ class WeightTransport(Spec):
     loads_every_version: bool = False
     publishes_in_background: bool = False
     device_tensors: bool = False
+    backends: Sequence[str] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

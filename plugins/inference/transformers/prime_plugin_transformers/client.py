@@ -1,8 +1,9 @@
 """The ``transformers`` backend's client: how the orchestrator samples from and updates one server.
 
 ``sample`` posts the request to ``/v1/sample`` and turns the answer into ``Sample``s;
-``load_weights`` posts the published folder to ``/v1/load_weights`` (full Hugging Face weights;
-a LoRA adapter folder is refused here, before the server is asked). ``seed`` and
+``load_weights`` posts the published folder to ``/v1/load_weights`` (full Hugging Face weights,
+or a transport's descriptor the server reads; a LoRA adapter folder is refused here, before
+the server is asked). ``seed`` and
 ``session_id`` are not sent: the server has no per-request seeds and one replica has no
 prefix cache to keep a session on.
 """
@@ -52,12 +53,13 @@ class TransformersClient:
             self._loop = loop
         return self._http
 
-    async def _post(self, path: str, what: str, body: dict) -> dict:
+    async def _post(self, path: str, what: str, body: dict, timeout: float | None = None) -> dict:
         import httpx
 
+        timeout = timeout or self.timeout
         for attempt in range(ATTEMPTS):
             try:
-                response = await self._client().post(path, json=body)
+                response = await self._client().post(path, json=body, timeout=timeout)
                 break
             except (httpx.ReadError, httpx.RemoteProtocolError, httpx.ConnectError) as exc:
                 if attempt == ATTEMPTS - 1:
@@ -66,7 +68,7 @@ class TransformersClient:
                                           "output_dir/logs/") from None
                 await asyncio.sleep(0.5 * (attempt + 1))
             except httpx.TimeoutException:
-                raise PrimeError(f"{what} at {self.root}: no answer within {self.timeout:g} s",
+                raise PrimeError(f"{what} at {self.root}: no answer within {timeout:g} s",
                                  hint="raise orchestrator.client.timeout, or lower sampling.max_tokens") from None
         try:
             answer = response.json()
@@ -96,8 +98,11 @@ class TransformersClient:
             raise PrimeError(f"loading {path} into the transformers server at {self.root}: it is a LoRA adapter, "
                              "which this backend does not serve",
                              hint="train without trainer.model.lora, or use inference.backend = 'vllm'")
+        from prime_plugin_transformers.received_weights import answer_within, is_broadcast
+
         answer = await self._post("/load_weights", f"loading weights of step {step} ({path})",
-                                  {"path": str(path), "step": step})
+                                  {"path": str(path), "step": step},
+                                  timeout=answer_within(path) if is_broadcast(path) else None)
         served = answer.get("step", step) if isinstance(answer, dict) else step
         # weight_broadcast.type = 'ipc': the slot may already hold a newer version, which was loaded
         return None if served in (None, step) else f"step {served}, newer (step {step}'s shared slot was reused)"

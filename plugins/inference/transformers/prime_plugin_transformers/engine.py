@@ -10,9 +10,9 @@ it, called from many HTTP handler threads at once:
   temperature 0 is sampled with top-p ~0 (only the most likely token survives) and its
   log-probabilities, which that gives as 0, are computed again from the unscaled logits by one
   forward pass, as vLLM returns them for greedy requests.
-- ``load_weights``: the new tensors (a published folder read into host buffers, or views of
-  the trainer's shared slot with ``weight_broadcast.type = 'ipc'``) are copied into the live
-  model while it is not in use:
+- ``load_weights``: the new tensors (a published folder read into host buffers, views of the
+  trainer's shared slot with ``weight_broadcast.type = 'ipc'``, or buckets received from the
+  trainer's group with ``nccl``) are copied into the live model while it is not in use:
   the manager's ``pause()`` where transformers has it (5.19: requests keep their KV cache and
   continue on the new weights, as with vLLM), otherwise new requests wait and the running ones
   finish first (5.17).
@@ -30,7 +30,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from prime_plugin_transformers import shared_weights
+from prime_plugin_transformers import received_weights, shared_weights
 from prime_plugin_transformers.admission import Gate
 from prime_plugin_transformers.params import Params
 from prime_plugin_transformers.usage import Usage
@@ -100,6 +100,8 @@ class Engine:
         self._staging_lock = threading.Lock()
         self._staging: dict = {}  # host copies of the weights being loaded, reused from load to load
         self._mapped = shared_weights.Mapped()  # the trainer's shared slots (weight_broadcast.type = 'ipc')
+        self._receiving = received_weights.Receiving(  # the trainer's group (weight_broadcast.type = 'nccl')
+            f"transformers server on port {config.server.port}")
         self._gate = Gate()
         self._stopping = threading.Event()
         self._start_lock = threading.Lock()
@@ -189,6 +191,7 @@ class Engine:
         if self._dispatcher is not None:
             self._dispatcher.join(timeout)
         self._fail_pending("the engine was stopped")
+        self._receiving.close()
         if manager is not None:
             with self._lock:
                 if self._usage.samples or self._usage.running:
@@ -344,9 +347,12 @@ class Engine:
 
     def _staged(self, folder: Path):
         """The version in ``folder`` made ready to copy in: a folder of files read into host
-        buffers, or (the ``ipc`` transport) views of the trainer's shared slot, its lock held."""
+        buffers, views of the trainer's shared slot with its lock held (``ipc``), or the buckets
+        received from the trainer's group (``nccl``)."""
         if shared_weights.is_shared(folder):
             return shared_weights.staged(self.model, folder, self._mapped)
+        if received_weights.is_broadcast(folder):
+            return nullcontext(self._receiving.staged(self.model, folder))
         return nullcontext(stage(self.model, folder, self._staging))
 
     def _log_usage(self) -> None:

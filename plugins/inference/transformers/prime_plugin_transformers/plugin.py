@@ -49,7 +49,7 @@ def prime_inference_backends():
 def prime_weight_transports():
     return [WeightTransport(
         name="ipc", publisher="prime_plugin_transformers.shared_weights:SharedPublisher",
-        loader="prime_core.weights:FilesystemLoader", device_tensors=True,
+        loader="prime_core.weights:FilesystemLoader", device_tensors=True, backends=("transformers",),
         description="trainer and transformers servers on one machine share each version's memory (CUDA IPC on a "
                     "GPU both see, a mapped file on CPUs): no disk, copied device to device",
     )]

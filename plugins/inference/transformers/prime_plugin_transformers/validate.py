@@ -44,15 +44,13 @@ def orchestrator_problems(orchestrator, prefix: str) -> list[str]:
 
 
 def ipc_problems(config) -> list[str]:
-    """``weight_broadcast.type = 'ipc'`` (this plugin's transport) in an ``rl`` config: only this
-    backend receives it, on the trainer's machine, from a GPU it shares with the trainer."""
+    """``weight_broadcast.type = 'ipc'`` (this plugin's transport) in an ``rl`` config: inference
+    on the trainer's machine, on a GPU it shares with the trainer (the core checks the backend:
+    ``WeightTransport.backends``)."""
     wb = config.orchestrator.weight_broadcast
     if wb is None or wb.type != "ipc":
         return []
     found, way_out = [], "or use weight_broadcast.type = 'filesystem'"
-    if config.inference is not None and not _uses_us(config.inference.backend, "inference.backend"):
-        found.append(f"weight_broadcast.type = 'ipc' is received by the transformers backend only; inference.backend "
-                     f"is {config.inference.backend!r}: set inference.backend = 'transformers', {way_out}")
     deployment = config.deployment
     if deployment.type != "single_node":
         found.append(f"weight_broadcast.type = 'ipc' shares memory on one machine; deployment.type is "

@@ -60,6 +60,19 @@ def model(tmp_path_factory):
 
 @pytest.mark.parametrize("transport", ["filesystem", "ipc"])
 def test_a_short_rl_run_on_one_shared_gpu_logs_rewards_and_updates_weights(model, tmp_path, transport):
+    short_run(model, tmp_path, transport)
+
+
+def test_on_two_gpus_the_weights_are_broadcast_over_nccl_into_the_server(model, tmp_path):
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA GPUs (trainer and inference each on its own: NCCL takes one rank per GPU)")
+    pytest.importorskip("prime_plugin_vllm", reason="the nccl transport is prime-plugin-vllm's")
+    short_run(model, tmp_path, "nccl", "--deployment.trainer-gpu-ids", "[1]")
+
+
+def short_run(model, tmp_path, transport: str, *more: str) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -67,7 +80,7 @@ def test_a_short_rl_run_on_one_shared_gpu_logs_rewards_and_updates_weights(model
     out = tmp_path / "rl"
     run = subprocess.run([sys.executable, "-m", "prime_core", "run", str(tmp_path / "rl.toml"), "--model.name",
                           str(model), "--output-dir", str(out), "--inference.server.port", str(port),
-                          "--weight-broadcast.type", transport],
+                          "--weight-broadcast.type", transport, *more],
                          capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -78,6 +91,7 @@ def test_a_short_rl_run_on_one_shared_gpu_logs_rewards_and_updates_weights(model
     assert f"serving {model} (cuda, bfloat16" in server_log
     assert "loaded weights of step 1 from" in server_log
     assert ("shared through CUDA IPC" in server_log) == (transport == "ipc")
+    assert ("received over nccl" in server_log) == (transport == "nccl")
     probes = {r["weights_version"]: r["probe_logprob"] for r in orchestrator}
     assert max(probes) >= 1 and probes[max(probes)] != pytest.approx(probes[0], abs=1e-6), probes
     print(f"bf16 on-policy mismatch KL of step 1: {trainer[0]['mismatch_kl']:.3e}")

@@ -1,7 +1,8 @@
 """``prime run`` end to end with the transformers backend on this CPU machine, vLLM hidden so
 that ``auto`` picks it: the inference log-probabilities agree with the trainer's (the first
 step's on-policy mismatch KL), new weights reach inference and change its outputs, and nothing
-is left running; with weights through the filesystem and through shared memory (``ipc``)."""
+is left running; with weights through the filesystem, shared memory (``ipc``) and the process
+group broadcast (``nccl``, over gloo here)."""
 
 from __future__ import annotations
 
@@ -53,23 +54,29 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def prime(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PRIME_DISABLED_PLUGINS": "vllm"}
+def prime(*args: str, hide_vllm: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PRIME_DISABLED_PLUGINS": "vllm" if hide_vllm else ""}
     return subprocess.run([sys.executable, "-m", "prime_core", *args], capture_output=True, text=True, env=env,
                           timeout=900)
 
 
-@pytest.mark.parametrize("transport", ["filesystem", "ipc"])
+@pytest.mark.parametrize("transport", ["filesystem", "ipc", "nccl"])
 def test_a_short_rl_run_samples_what_the_trainer_computes_and_updates_inference(tmp_path, transport):
+    """``nccl`` (gloo here) is prime-plugin-vllm's transport: that plugin stays, and the backend is named."""
+    if transport == "nccl":
+        pytest.importorskip("prime_plugin_vllm", reason="the nccl transport is prime-plugin-vllm's")
     model, out, port = tmp_path / "model", tmp_path / "rl", free_port()
     assert prime("model", "tiny", str(model), "--hidden-size", "128", "--num-layers", "2").returncode == 0
     (tmp_path / "rl.toml").write_text(CONFIG)
+    backend = ["--inference.backend", "transformers"] if transport == "nccl" else []
     run = prime("run", str(tmp_path / "rl.toml"), "--model.name", str(model), "--output-dir", str(out),
-                "--inference.server.port", str(port), "--weight-broadcast.type", transport)
+                "--inference.server.port", str(port), "--weight-broadcast.type", transport, *backend,
+                hide_vllm=transport != "nccl")
     assert run.returncode == 0, run.stdout + run.stderr
 
     inference_log = (out / "logs" / "inference.log").read_text()
-    assert "starting transformers (auto: the available backend with the highest priority) server" in inference_log
+    assert ("starting transformers server" if backend else
+            "starting transformers (auto: the available backend with the highest priority) server") in inference_log
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     trainer = [r for r in rows if r["role"] == "trainer"]
     orchestrator = [r for r in rows if r["role"] == "orchestrator"]
@@ -80,8 +87,8 @@ def test_a_short_rl_run_samples_what_the_trainer_computes_and_updates_inference(
 
     server_log = (out / "logs" / f"transformers-{port}.log").read_text()
     assert "loaded weights of step 1 from" in server_log and "served " in server_log
-    if transport == "ipc":
-        assert "shared through a shared file" in server_log
+    if transport != "filesystem":
+        assert {"ipc": "shared through a shared file", "nccl": "received over gloo"}[transport] in server_log
         assert not list((out / "weights").glob("step_*/*.safetensors"))  # no version went through files
     probes = {r["weights_version"]: r["probe_logprob"] for r in orchestrator}
     assert max(probes) >= 1 and probes[max(probes)] != pytest.approx(probes[0], abs=1e-6), probes

@@ -164,7 +164,8 @@ def test_another_model_and_lora_adapters_are_refused(folder, tmp_path):
 
 
 @pytest.mark.parametrize(("tokens", "problem"), [
-    (["--inference.backend", "vllm"], "received by the transformers backend only; inference.backend is 'vllm'"),
+    (["--inference.backend", "vllm"], "is read by the 'transformers' inference backend(s) only, and inference."
+                                      "backend is 'vllm'"),
     (["--inference.backend", "transformers", "--deployment.trainer-gpu-ids", "[1]",
       "--deployment.inference-gpu-ids", "[0]"], "share none: name one GPU for both"),
 ])

