@@ -74,9 +74,8 @@ def test_an_engine_loads_exactly_each_broadcast_version_while_serving(folder, tm
 def test_a_trainer_that_never_sends_fails_the_load_naming_it(folder, tmp_path):
     import json
 
-    from prime_plugin_vllm.broadcast import DESCRIPTOR
-
     from prime_core.ports import free_ports
+    from prime_plugin_vllm.broadcast import DESCRIPTOR
 
     engine = engine_for(folder, tmp_path / "server")
     announced = tmp_path / "weights" / "step_1"
