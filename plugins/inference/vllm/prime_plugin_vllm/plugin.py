@@ -89,7 +89,8 @@ def prime_weight_transports():
     return [WeightTransport(
         name="nccl", publisher="prime_plugin_vllm.broadcast:BroadcastPublisher",
         loader="prime_plugin_vllm.broadcast:BroadcastLoader", loads_every_version=True,
-        backends=("vllm", "transformers"), available=_torch_distributed,
+        # the trainer's tensors where they are: on GPUs the group is NCCL's (host copies made it gloo)
+        device_tensors=True, backends=("vllm", "transformers"), available=_torch_distributed,
         description="trainer rank 0 broadcasts each version into the vLLM workers over one process group "
                     "(NCCL on GPUs, gloo on CPUs); LoRA adapters go through the filesystem",
     )]
