@@ -222,6 +222,8 @@ class Sender:
             if pending is not None:
                 pending[0].wait()
                 sent += pending[1]
+            if torch.device(self.device).type == "cuda":  # NCCL's wait() only orders streams: sent means sent
+                torch.cuda.synchronize(self.device)
         except Exception as exc:
             raise PrimeError(
                 f"weight broadcast of policy v{step} failed after {sent} bytes: an inference worker stopped "
