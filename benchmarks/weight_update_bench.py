@@ -13,6 +13,10 @@ its prefix cache:
 - ``nccl``: ``BroadcastPublisher.publish`` (announce, then send the buckets over the group)
   while every replica receives and loads them.
 
+With ``--backend transformers`` the replicas are transformers servers (their client is the
+orchestrator's path too), and a third transport is timed: ``ipc`` (``SharedPublisher.publish``
+copies the version into a shared slot, then every replica copies it in).
+
 The replicas run as one ``prime inference --parallel.dp R``. Rounds alternate the two
 transports after one warm-up update each (the broadcast's first one also forms the group); the
 table shows the median of ``repeats`` updates and the ratio. After every update each replica's
@@ -22,6 +26,7 @@ the trainer's for the new weights, so a replica that kept the old ones fails the
 
     python benchmarks/weight_update_bench.py --out benchmarks/results/weight_update_cpu.jsonl
     python benchmarks/weight_update_bench.py --models tiny --repeats 1     # a smoke run
+    python benchmarks/weight_update_bench.py --backend transformers        # the same into transformers servers
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -56,16 +62,19 @@ TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25}
 class Serving:
     """``prime inference --parallel.dp R`` in its own process group."""
 
-    def __init__(self, model: Path, dtype: str, replicas: int, work: Path) -> None:
+    def __init__(self, model: Path, dtype: str, replicas: int, work: Path, backend: str = "vllm") -> None:
         self.port = free_ports(replicas)
         self.urls = [f"http://127.0.0.1:{self.port + i}/v1" for i in range(replicas)]
+        work.mkdir(parents=True, exist_ok=True)
         self.log = work / "serve.log"
+        own = ["--model.enforce-eager", "--env", '{"VLLM_CPU_OMP_THREADS_BIND": "nobind"}'] if backend == "vllm" \
+            else []
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "prime_core", "inference", "--model.name", str(model), "--model.dtype", dtype,
-                 "--model.enforce-eager", "--model.max-model-len", "256", "--server.port", str(self.port),
+                [sys.executable, "-m", "prime_core", "inference", "--backend", backend, "--model.name", str(model),
+                 "--model.dtype", dtype, "--model.max-model-len", "256", "--server.port", str(self.port),
                  "--parallel.dp", str(replicas), "--output-dir", str(work / "serve"), "--startup-timeout", "1200",
-                 "--env", '{"VLLM_CPU_OMP_THREADS_BIND": "nobind"}'],
+                 *own],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
@@ -104,7 +113,7 @@ def perturb(model, step: int) -> None:
 async def update(transport: str, publisher, clients, model, step: int) -> float:
     """Seconds from the start of ``publish`` to every replica serving version ``step``."""
     start = time.perf_counter()
-    if transport == "filesystem":
+    if transport != "nccl":  # complete when publish returns; then every replica loads it
         path = publisher.publish(model, step, None)
         await asyncio.gather(*(c.load_weights(step, str(path)) for c in clients))
         return time.perf_counter() - start
@@ -147,8 +156,8 @@ async def check_serving(clients, model, prompt: list[int], dtype: str, step: int
         ours = torch.log_softmax(logits, -1).gather(-1, torch.tensor(sample.token_ids)[:, None]).sum().item()
         diff = abs(ours - sum(sample.logprobs))
         if diff > TOLERANCE[dtype]:
-            raise RuntimeError(f"v{step} on {client.base_url}: vLLM's probe logprob {sum(sample.logprobs):.4f} but "
-                               f"the trainer's {ours:.4f}: the replica does not serve the new weights")
+            raise RuntimeError(f"v{step} on {client.base_url}: the server's probe logprob {sum(sample.logprobs):.4f} "
+                               f"but the trainer's {ours:.4f}: the replica does not serve the new weights")
         probe = (tuple(sample.token_ids), sum(sample.logprobs))
         if last.get(client.base_url) == probe:
             raise RuntimeError(f"v{step} on {client.base_url}: the probe did not change: old weights served")
@@ -164,7 +173,11 @@ def bench_model(name: str, args, work: Path) -> list[dict]:
     from prime_core.weights import FilesystemPublisher
     from prime_plugin_hf.tiny import build_tiny
     from prime_plugin_vllm.broadcast import BroadcastPublisher
-    from prime_plugin_vllm.client import VLLMClient
+
+    if args.backend == "vllm":
+        from prime_plugin_vllm.client import VLLMClient as Client
+    else:
+        from prime_plugin_transformers.client import TransformersClient as Client
 
     shape = dict(MODELS[name])
     dtype = shape.pop("dtype")
@@ -176,15 +189,22 @@ def bench_model(name: str, args, work: Path) -> list[dict]:
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     print(f"{name}: {params / 1e6:.1f}M parameters, {nbytes / 2**20:.0f} MiB ({dtype}), {args.replicas} replicas",
           flush=True)
-    serving = Serving(folder, dtype, args.replicas, work / name)
-    clients = [VLLMClient(url, api_key=None, timeout=3600.0) for url in serving.urls]
+    serving = Serving(folder, dtype, args.replicas, work / name / args.backend, args.backend)
+    clients = [Client(url, api_key=None, timeout=3600.0) for url in serving.urls]
     try:
         started = serving.wait_healthy(clients, args.startup_timeout)
         print(f"  {args.replicas} replicas healthy after {started:.0f} s", flush=True)
         config = argparse.Namespace(weight_broadcast=argparse.Namespace(
             host="127.0.0.1", port=0, timeout=600.0, inference_world_size=args.replicas, bucket_mb=args.bucket_mb))
-        publishers = {"filesystem": FilesystemPublisher(output_dir=work / name / "fs"),
-                      "nccl": BroadcastPublisher(config, output_dir=work / name / "nccl")}
+        runs_in = work / name / args.backend
+        for old in ("fs", "nccl", "ipc"):  # a reused --work: a stale version would be taken for a new one
+            shutil.rmtree(runs_in / old, ignore_errors=True)
+        publishers = {"filesystem": FilesystemPublisher(output_dir=runs_in / "fs"),
+                      "nccl": BroadcastPublisher(config, output_dir=runs_in / "nccl")}
+        if args.backend == "transformers":
+            from prime_plugin_transformers.shared_weights import SharedPublisher
+
+            publishers["ipc"] = SharedPublisher(output_dir=runs_in / "ipc")
         prompt = [17, 42, 99, 5, 64, 120, 7, 33]
         runs: dict[str, list[float]] = {t: [] for t in publishers}
         warm: dict[str, float] = {}
@@ -213,7 +233,8 @@ def bench_model(name: str, args, work: Path) -> list[dict]:
         serving.stop()
     rows = []
     for transport, seconds in runs.items():
-        rows.append({"model": name, "parameters": params, "bytes": nbytes, "dtype": dtype, "replicas": args.replicas,
+        rows.append({"model": name, "backend": args.backend, "parameters": params, "bytes": nbytes, "dtype": dtype,
+                     "replicas": args.replicas,
                      "transport": transport, "seconds": [round(s, 4) for s in seconds],
                      "median_s": round(statistics.median(seconds), 4), "first_s": round(warm[transport], 4),
                      "bucket_mb": args.bucket_mb if transport == "nccl" else None,
@@ -225,10 +246,11 @@ def bench_model(name: str, args, work: Path) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | parameters | transport | replicas | update (median) | first | vs filesystem |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| model | backend | parameters | transport | replicas | update (median) | first | vs filesystem |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['model']} ({r['dtype']}) | {r['parameters'] / 1e6:.1f}M | {r['transport']} | "
+        lines.append(f"| {r['model']} ({r['dtype']}) | {r.get('backend', 'vllm')} | {r['parameters'] / 1e6:.1f}M | "
+                     f"{r['transport']} | "
                      f"{r['replicas']} | {r['median_s'] * 1000:.0f} ms | {r['first_s'] * 1000:.0f} ms | "
                      f"{r['vs_filesystem']:.2f} |")
     return "\n".join(lines)
@@ -237,6 +259,7 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--backend", default="vllm", choices=["vllm", "transformers"])
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--bucket-mb", type=float, default=256.0)
