@@ -49,13 +49,34 @@ class FilesystemPublisher:
         replace_dir(tmp, final)
         touch_marker(final / MARKER)
         fsync_tree(final)  # after the marker: see the module's docstring
-        self._prune(step)
+        prune(self.root, step, self.keep)
         return final
 
-    def _prune(self, newest: int) -> None:
-        for step, path in versions(self.root):
-            if step <= newest - self.keep:
-                shutil.rmtree(path, ignore_errors=True)
+
+def prune(root: Path, newest: int, keep: int) -> None:
+    """Remove the published versions ``keep`` or more steps older than ``newest``."""
+    for step, path in versions(root):
+        if step <= newest - keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def announce(root: Path, step: int, files: dict[str, str], *, keep: int) -> Path:
+    """``root/step_N`` holding ``files`` (name -> text: a transport's descriptor of where version
+    N's tensors are, for the transports that do not publish files), marked ``STABLE`` as a
+    published folder is (the orchestrator's loader finds it the same way); older versions pruned."""
+    from prime_core.run_dir import replace_dir, touch_marker, writing
+
+    final, tmp = root / f"step_{step}", root / f".step_{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    with writing(tmp, f"the announcement of step {step}"):
+        tmp.mkdir(parents=True)
+        for name, text in files.items():
+            (tmp / name).write_text(text)
+        record_plugins(tmp)
+    replace_dir(tmp, final)
+    touch_marker(final / MARKER)
+    prune(root, step, keep)
+    return final
 
 
 class FilesystemLoader:

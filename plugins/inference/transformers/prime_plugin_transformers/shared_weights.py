@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from prime_core.errors import PrimeError
-from prime_core.weights import MARKER, Adapter, record_plugins, versions, weights_dir
+from prime_core.weights import Adapter, announce, weights_dir
 
 DESCRIPTOR = "SHARED.json"
 SLOTS = 2
@@ -179,25 +179,8 @@ class SharedPublisher:
 
             atomic_write_text(slot.header, json.dumps({"step": step, "slot": step % SLOTS, "opens": slot.opens,
                                                        "tensors": entries}) + "\n")
-        return self._announce(step)
-
-    def _announce(self, step: int) -> Path:
-        """``weights/step_N`` naming N's slot, marked ``STABLE`` as the filesystem transport marks."""
-        from prime_core.run_dir import atomic_write_text, replace_dir, touch_marker, writing
-
-        final, tmp = self.root / f"step_{step}", self.root / f".step_{step}.tmp"
-        with writing(tmp, f"the announcement of step {step}"):
-            tmp.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(tmp / DESCRIPTOR, json.dumps({"step": step, "slot": step % SLOTS}) + "\n")
-            record_plugins(tmp)
-        replace_dir(tmp, final)
-        touch_marker(final / MARKER)
-        for old, path in versions(self.root):
-            if old <= step - self.keep:
-                import shutil
-
-                shutil.rmtree(path, ignore_errors=True)
-        return final
+        return announce(self.root, step, {DESCRIPTOR: json.dumps({"step": step, "slot": step % SLOTS}) + "\n"},
+                        keep=self.keep)
 
 
 # -- inference side ---------------------------------------------------------------------------

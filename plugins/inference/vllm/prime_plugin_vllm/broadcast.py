@@ -296,22 +296,10 @@ class BroadcastPublisher:
     def _announce(self, step: int) -> Path:
         """``weights/step_N/BROADCAST.json`` then ``STABLE``: the orchestrator's cue to have the
         servers receive version N."""
-        import shutil
+        from prime_core.weights import announce
 
-        from prime_core.run_dir import replace_dir, touch_marker
-        from prime_core.weights import MARKER, versions
-
-        final = self.root / f"step_{step}"
-        tmp = self.root / f".step_{step}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        (tmp / DESCRIPTOR).write_text(json.dumps(self.sender.descriptor(step), indent=2) + "\n")
-        replace_dir(tmp, final)
-        touch_marker(final / MARKER)
-        for old, path in versions(self.root):
-            if old <= step - self.keep:
-                shutil.rmtree(path, ignore_errors=True)
-        return final
+        return announce(self.root, step, {DESCRIPTOR: json.dumps(self.sender.descriptor(step), indent=2) + "\n"},
+                        keep=self.keep)
 
 
 class BroadcastLoader:
