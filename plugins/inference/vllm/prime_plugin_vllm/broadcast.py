@@ -236,6 +236,17 @@ class Sender:
         return _broadcast(self.group, tensor.to(self.device), self.timeout)
 
 
+def trainer_device(model, state: dict):
+    """Where the trainer computes, which decides the group (NCCL or gloo): its parameters'
+    device. The tensors it publishes are host copies (the version never sits whole on the GPU;
+    each bucket goes back to the device to be sent)."""
+    for param in model.parameters():
+        if param.device.type != "meta":
+            return param.device
+        break
+    return next(iter(state.values())).device if state else "cpu"
+
+
 def _reachable_host() -> str:
     """This machine's name, which inference workers on other machines resolve to it (set
     ``weight_broadcast.host`` where they reach it by another address)."""
@@ -271,7 +282,7 @@ class BroadcastPublisher:
             return self._filesystem.publish(model, step, state_dict)
         state = state_dict if state_dict is not None else model.state_dict()
         if self.sender is None:
-            self.sender = self._start(state)
+            self.sender = self._start(model, state)
         final = self._announce(step)
         start = time.perf_counter()
         sent = self.sender.send(step, state, int(self._setting("bucket_mb", DEFAULT_BUCKET_MB) * 1024**2))
@@ -279,14 +290,14 @@ class BroadcastPublisher:
               f"worker(s) in {time.perf_counter() - start:.2f} s", flush=True)
         return final
 
-    def _start(self, state: dict) -> Sender:
+    def _start(self, model, state: dict) -> Sender:
         world = self._setting("inference_world_size", None)
         if world is None:
             raise PrimeError("weight_broadcast.type = 'nccl' needs the number of inference workers that receive "
                              "the weights: weight_broadcast.inference_world_size is not set",
                              hint="`prime run` sets it from inference.parallel (dp x tp); for a trainer started "
                                   "alone, set --weight-broadcast.inference-world-size")
-        device = next(iter(state.values())).device if state else "cpu"
+        device = trainer_device(model, state)
         sender = Sender(host=self._setting("host", None), port=int(self._setting("port", 0)), world_size=world + 1,
                         device=device, timeout=float(self._setting("timeout", DEFAULT_TIMEOUT)))
         print(f"weight broadcast: {backend_for(device)} group '{sender.group_id}' at {sender.host}:{sender.port} "

@@ -89,10 +89,10 @@ def prime_weight_transports():
     return [WeightTransport(
         name="nccl", publisher="prime_plugin_vllm.broadcast:BroadcastPublisher",
         loader="prime_plugin_vllm.broadcast:BroadcastLoader", loads_every_version=True,
-        # the trainer's tensors where they are: on GPUs the group is NCCL's (host copies made it gloo)
-        device_tensors=True, backends=("vllm", "transformers"), available=_torch_distributed,
-        description="trainer rank 0 broadcasts each version into the vLLM workers over one process group "
-                    "(NCCL on GPUs, gloo on CPUs); LoRA adapters go through the filesystem",
+        backends=("vllm", "transformers"), available=_torch_distributed,
+        description="trainer rank 0 broadcasts each version into the inference servers (vLLM workers, transformers "
+                    "servers) over one process group (NCCL on GPUs, gloo on CPUs); LoRA adapters go through the "
+                    "filesystem",
     )]
 
 
