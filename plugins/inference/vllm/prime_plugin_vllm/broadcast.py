@@ -240,7 +240,7 @@ def trainer_device(model, state: dict):
     """Where the trainer computes, which decides the group (NCCL or gloo): its parameters'
     device. The tensors it publishes are host copies (the version never sits whole on the GPU;
     each bucket goes back to the device to be sent)."""
-    for param in model.parameters():
+    for param in model.parameters() if model is not None else ():
         if param.device.type != "meta":
             return param.device
         break
