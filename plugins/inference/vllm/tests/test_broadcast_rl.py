@@ -109,7 +109,8 @@ def test_rl_with_weights_broadcast_over_gloo_into_two_vllm_replicas(tmp_path):
     assert "to 2 inference worker(s)" in sent
     for step in range(steps - 2, steps + 1):
         folder = out / "weights" / f"step_{step}"
-        assert sorted(p.name for p in folder.iterdir()) == ["BROADCAST.json", "STABLE"], "no safetensors"
+        names = sorted(p.name for p in folder.iterdir())
+        assert names == ["BROADCAST.json", "STABLE", "prime_plugins.json"], f"no safetensors: {names}"
     # The replica without the long requests resets its prefix cache after every update (the
     # other one refuses while they run: per-version cache_salt keeps new requests off old blocks).
     assert (out / "logs" / f"vllm-{port + 1}.log").read_text().count("Successfully reset prefix cache") >= steps
