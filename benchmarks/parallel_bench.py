@@ -84,8 +84,8 @@ def make_model(folder: Path, kind: str, shape: dict, world) -> Path:
     return folder
 
 
-def all_to_all_share(training, batch, loss_fn) -> float:
-    """GPU time in all-to-all (send/recv) kernels over the whole GPU time of one step."""
+def profiled_step(training, batch, loss_fn):
+    """The GPU kernels of one step: ``profiler.key_averages()``."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -94,15 +94,32 @@ def all_to_all_share(training, batch, loss_fn) -> float:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         train_step(training, batch["micro_batches"], max_norm=1.0, loss_fn=loss_fn)
         torch.cuda.synchronize()
+    return prof.key_averages()
+
+
+def gpu_events(averages) -> list:
+    return [e for e in averages if "CUDA" in str(getattr(e, "device_type", ""))]
+
+
+def all_to_all_share(averages) -> float:
+    """GPU time in all-to-all (send/recv) kernels over the whole GPU time of one step."""
     total = comm = 0.0
-    for event in prof.key_averages():
-        if "CUDA" not in str(getattr(event, "device_type", "")):
-            continue
+    for event in gpu_events(averages):
         time_us = getattr(event, "device_time_total", 0.0)
         total += time_us
         if "nccl" in event.key.lower() and ("SendRecv" in event.key or "AllToAll" in event.key):
             comm += time_us
     return comm / total if total else 0.0
+
+
+def kernel_table(averages, rows: int = 40) -> str:
+    """The step's GPU kernels by total time: share, calls, milliseconds, name."""
+    events = sorted(gpu_events(averages), key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in events) or 1.0
+    lines = [f"GPU time {total / 1e3:.1f} ms in {len(events)} kernels"]
+    lines += [f"{100 * e.device_time_total / total:5.1f}% {e.count:6d} {e.device_time_total / 1e3:9.2f} ms  "
+              f"{e.key[:150]}" for e in events[:rows]]
+    return "\n".join(lines)
 
 
 def worker(args) -> int:
@@ -162,8 +179,14 @@ def worker(args) -> int:
         try:
             batch = meter.run_fake_steps(training, fake, seq_len, rng, loss_fn=loss_fn, max_norm=1.0)
             record.update(meter.result())
-            if kind == "moe" and args.ep > 1 and torch.cuda.is_available():
-                record["all_to_all_share"] = all_to_all_share(training, batch, loss_fn)
+            if torch.cuda.is_available() and (args.profile or (kind == "moe" and args.ep > 1)):
+                averages = profiled_step(training, batch, loss_fn)
+                if kind == "moe" and args.ep > 1:
+                    record["all_to_all_share"] = all_to_all_share(averages)
+                if args.profile and world.main:
+                    text = kernel_table(averages)
+                    (args.out / f"profile-{label['config']}-{seq_len}.txt").write_text(text + "\n")
+                    print(text, flush=True)
         except torch.OutOfMemoryError:
             record.update({"oom": True})
             training.optimizer.zero_grad(set_to_none=True)
@@ -227,6 +250,9 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--tiny", action="store_true", help="a small model: smoke test on a CPU")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the measured steps, profile one more and print its GPU kernels by time "
+                             "(also written to profile-<config>-<seq>.txt)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.mode == "table":

@@ -5,6 +5,8 @@
 #   bash benchmarks/scale_gpu.sh ring       # 1 GPU: ring block kernel vs the fused kernel alone (ring_block_bench.py)
 #   bash benchmarks/scale_gpu.sh defaults   # 1 GPU: HF step, prime's defaults, the best knobs; 8k, dense 1.7B
 #   bash benchmarks/scale_gpu.sh moe        # 1 GPU: the 2.9B MoE shape at 8k, the recorded config vs the defaults
+#   bash benchmarks/scale_gpu.sh moeprof    # 1 GPU: the MoE shape with the defaults, one step's GPU kernels by time
+#   bash benchmarks/scale_gpu.sh head       # 1 GPU: the LM head's GPU tests, then its time and memory (kernels_bench)
 # Results under $OUT (ring_block.jsonl, results.jsonl + hf.json, parallel.jsonl), logs beside them. Every
 # trainer run records prime plan's prediction (predicted_peak_gib) beside its measured peak.
 set -uo pipefail
@@ -50,7 +52,19 @@ for phase in "$@"; do
           >> "$OUT/moe.log" 2>&1 || echo "moe $recipe exited $?"
       done
       grep -E "^moe " "$OUT/moe.log" ;;
-    *) echo "unknown phase $phase (tests, tests4, ring, defaults, moe)"; exit 2 ;;
+    moeprof)
+      timeout 250 python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/parallel_bench.py moe \
+        --ep 1 --recipe fast-defaults --seq-lens 8192 --samples-per-group 1 --warmup 1 --steps 3 --profile \
+        --out "$OUT" > "$OUT/moeprof.log" 2>&1 || echo "moe profile exited $?"
+      grep -E "^moe |%" "$OUT/moeprof.log" | head -45 ;;
+    head)
+      timeout 200 python3 -m pytest -q -p no:cacheprovider -rs plugins/kernels/fused-lm-head/tests \
+        > "$OUT/head_tests.log" 2>&1
+      grep -E "passed|failed|error" "$OUT/head_tests.log"
+      timeout 200 python3 benchmarks/kernels_bench.py lm_head --out "$OUT" > "$OUT/head.log" 2>&1 \
+        || echo "kernels bench exited $?"
+      python3 benchmarks/kernels_bench.py table --out "$OUT" ;;
+    *) echo "unknown phase $phase (tests, tests4, ring, defaults, moe, moeprof, head)"; exit 2 ;;
   esac
 done
 exit 0

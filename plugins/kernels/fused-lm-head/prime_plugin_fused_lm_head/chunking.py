@@ -6,9 +6,15 @@ has to tell its ``itemsize``).
 
 from __future__ import annotations
 
-DEFAULT_BUDGET_BYTES = 2 << 30
-"""2 GiB of transient memory per chunk: the two float32 ``[chunk, vocab]`` rows counted below,
-so the float32 logits of one chunk stay within 1 GiB (the core's own chunk of logits)."""
+DEFAULT_BUDGET_BYTES = 256 << 20
+"""256 MiB of transient memory per chunk (``bytes_per_token`` below). Smaller chunks cost
+little time: at a 151,936-entry vocabulary and bf16 the Triton head's chunk is still 871 tokens,
+a matmul of 0.5 TFLOP; what they save is most of the head's memory (issue 20: at most 1 GiB
+beyond its inputs and gradients at 32k tokens)."""
+
+VOCAB_SLICE = 8192
+"""Vocabulary rows per backward tile when the backward pass walks the vocabulary in the outer
+loop: the float32 accumulator of that slice of the weight's gradient (``backward_tiles``)."""
 
 
 def bytes_per_token(vocab: int, hidden: int, dtype, softmax_rows: int = 2) -> int:
@@ -43,3 +49,40 @@ def chunk_size_for(n_tokens: int, vocab: int, hidden: int, dtype, budget_bytes: 
                          f"budget_bytes={budget_bytes}): sizes must be positive (n_tokens may be 0)")
     fits = budget_bytes // bytes_per_token(vocab, hidden, dtype, softmax_rows)
     return max(1, min(n_tokens, fits))
+
+
+def backward_tiles(n_tokens: int, vocab: int, token_chunk: int, vocab_chunk: int,
+                   vocab_slice: int | None = None) -> tuple[bool, int, int]:
+    """``(vocab_outer, token_tile, vocab_tile)``: how the backward pass tiles the
+    ``[tokens, vocab]`` plane, each tile as large as one forward chunk (``token_chunk`` by
+    ``vocab_chunk``) so its working set stays within the same budget.
+
+    Gradients summed over more than one tile are accumulated in float32, and the order of the
+    two loops decides which accumulator lives for the whole call: walking the vocabulary
+    outside, the hidden states' ``[tokens, H]`` (and one ``[vocab_tile, H]`` slice of the
+    weight's); walking the tokens outside, the weight's ``[vocab, H]`` (and one
+    ``[token_tile, H]`` slice of the hidden states'). The smaller of the two is chosen: up to
+    32k tokens against a 151,936-entry vocabulary that is the hidden states' 256 MiB instead of
+    the weight's 1.2 GiB. A gradient computed by one tile alone is written straight into its
+    result, without an accumulator."""
+    vocab_chunk = min(vocab, vocab_chunk)
+    if n_tokens > vocab:
+        return False, token_chunk, vocab_chunk
+    if n_tokens <= token_chunk:
+        return True, max(1, n_tokens), vocab_chunk
+    vocab_tile = min(vocab_chunk, vocab_slice or VOCAB_SLICE)
+    most = max(1, token_chunk * vocab_chunk // vocab_tile)
+    tiles = -(-n_tokens // most)
+    return True, -(-n_tokens // tiles), vocab_tile
+
+
+def accumulator_bytes(n_tokens: int, vocab: int, hidden: int, token_chunk: int, vocab_chunk: int,
+                      grad_itemsize: int = 4) -> int:
+    """Bytes of float32 gradient accumulators ``backward_tiles`` needs at once (``prime plan``)."""
+    vocab_outer, token_tile, vocab_tile = backward_tiles(n_tokens, vocab, token_chunk, vocab_chunk)
+    many_tokens, many_vocab = n_tokens > token_tile, vocab > vocab_tile
+    if vocab_outer:
+        rows = (n_tokens if many_vocab else 0) + (vocab_tile if many_tokens else 0)
+    else:
+        rows = (vocab if many_tokens else 0) + (token_tile if many_vocab else 0)
+    return rows * hidden * grad_itemsize

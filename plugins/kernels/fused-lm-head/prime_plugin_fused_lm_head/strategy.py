@@ -33,9 +33,8 @@ def apply(model, *, config, **_):
 def memory(est, config) -> None:
     """``prime plan``: no logits; one chunk's working set (``chunking.bytes_per_token`` times
     the chunk, the Triton kernels' on GPUs unless ``kernels.lm_head`` picks the PyTorch ones)
-    plus the float32 gradients of the LM head's weight and of the hidden states, which live
-    for the whole call."""
-    from prime_plugin_fused_lm_head.chunking import DEFAULT_BUDGET_BYTES, bytes_per_token
+    plus the float32 gradient accumulators of the backward pass (``chunking.accumulator_bytes``)."""
+    from prime_plugin_fused_lm_head.chunking import DEFAULT_BUDGET_BYTES, accumulator_bytes, bytes_per_token
 
     setting = config.fused_lm_head_token_chunk_size
     rows = 2 if config.kernels.get("lm_head", "fused") == "fused_torch" else 0
@@ -46,7 +45,8 @@ def memory(est, config) -> None:
     def head(e) -> float:
         per_token = bytes_per_token(e.vocab, e.hidden, _Dtype, rows)
         chunk = min(e.tokens, setting if isinstance(setting, int) else max(1, DEFAULT_BUDGET_BYTES // per_token))
-        return chunk * per_token + 4.0 * e.hidden * (e.vocab + e.tokens) + 16.0 * e.tokens
+        chunk = max(1, chunk)
+        return chunk * per_token + accumulator_bytes(e.tokens, e.vocab, e.hidden, chunk, e.vocab) + 16.0 * e.tokens
 
     est.lm_head = head
     est.lm_head_name = f"fused ({'auto' if setting == 'auto' else setting} token chunks)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from prime_plugin_fused_lm_head.chunking import chunk_size_for
+from prime_plugin_fused_lm_head.chunking import backward_tiles, chunk_size_for
 
 
 def fused_logprobs(hidden, weight, targets, temperature=1.0, *, token_chunk, vocab_chunk=None, with_entropy=True,
@@ -209,24 +209,94 @@ class _FusedLogProbs(torch.autograd.Function):
         token_chunk, vocab_chunk = ctx.chunks
         n, vocab = hidden.shape[0], weight.shape[0]
         dtype = _softmax_dtype(hidden.dtype)
-        # Accumulated over chunks in (at least) float32, whatever the inputs' dtype.
-        grad_hidden = torch.zeros(hidden.shape, dtype=dtype, device=hidden.device) if need_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device) if need_weight else None
+        vocab_outer, token_tile, vocab_tile = backward_tiles(n, vocab, token_chunk, vocab_chunk)
+        token_spans, vocab_spans = list(_spans(n, token_tile)), list(_spans(vocab, vocab_tile))
+        grad_hidden = _Gradient(hidden, need_hidden, dtype, summed=len(vocab_spans) > 1, whole=vocab_outer)
+        grad_weight = _Gradient(weight, need_weight, dtype, summed=len(token_spans) > 1, whole=not vocab_outer)
+        tiles = ([(t, v) for v in vocab_spans for t in token_spans] if vocab_outer
+                 else [(t, v) for t in token_spans for v in vocab_spans])
         with torch.autocast(hidden.device.type, enabled=False):
-            for t0, t1 in _spans(n, token_chunk):
-                h, rows = hidden[t0:t1], targets[t0:t1]
+            for (t0, t1), (v0, v1) in tiles:
+                h, w, rows = hidden[t0:t1], weight[v0:v1], targets[t0:t1]
                 temp = _temperature_rows(temperature, t0, t1)
                 coef = grad_logp[t0:t1].to(dtype) / temp
-                for v0, v1 in _spans(vocab, vocab_chunk):
-                    w = weight[v0:v1]
-                    g = ctx.blocks.grad(h, w, temp, rows, v0, lse[t0:t1], coef)
-                    if need_hidden:
-                        grad_hidden[t0:t1].add_(g @ w)
-                    if need_weight:
-                        grad_weight[v0:v1].add_(g.T @ h)
-                    del g
-        return (
-            grad_hidden.to(hidden.dtype) if need_hidden else None,
-            grad_weight.to(weight.dtype) if need_weight else None,
-            *none,
-        )
+                g = ctx.blocks.grad(h, w, temp, rows, v0, lse[t0:t1], coef)
+                grad_hidden.add((t0, t1), g, w, last=v1 == vocab)
+                grad_weight.add((v0, v1), g.T, h, last=t1 == n)
+                del g
+        return grad_hidden.result(), grad_weight.result(), *none
+
+
+class _Gradient:
+    """The gradient of ``hidden`` or ``weight``, built from the tiles' products ``a @ b``, each
+    covering some of its rows.
+
+    Rows that one tile gives whole are written straight into the result (in the inputs'
+    dtype: one rounding, as a single matmul would do). Rows summed over several tiles are
+    accumulated in the softmax dtype (float32 at least) and rounded once: in a buffer for the
+    whole tensor when ``whole`` (its rows are revisited after the other loop moves on), else
+    in one for the rows of the current span, copied out when its ``last`` tile is added."""
+
+    def __init__(self, source, needed, dtype, *, summed, whole):
+        self.needed, self.dtype, self.summed, self.whole = needed, dtype, summed, whole
+        if not needed:
+            return
+        self.out = torch.empty(source.shape, dtype=source.dtype, device=source.device)
+        self.touched = False  # no tokens: no tiles, a zero gradient
+        self.buffer = (torch.zeros(source.shape, dtype=dtype, device=source.device)
+                       if summed and whole else None)
+
+    def add(self, span, a, b, *, last):
+        if not self.needed:
+            return
+        start, end = span
+        self.touched = True
+        if not self.summed:
+            torch.mm(a, b, out=self.out[start:end])
+            return
+        if self.buffer is None:
+            self.buffer = torch.zeros(end - start, b.shape[1], dtype=self.dtype, device=b.device)
+            self.offset = start
+        rows = self.buffer[start - self.offset:end - self.offset] if not self.whole else self.buffer[start:end]
+        _add_product(rows, a, b)
+        if last and not self.whole:
+            self.out[start:end] = self.buffer
+            self.buffer = None
+
+    def result(self):
+        if not self.needed:
+            return None
+        if not self.touched:
+            return self.out.zero_()
+        if self.whole and self.buffer is not None:
+            self.out.copy_(self.buffer)
+            self.buffer = None
+        return self.out
+
+
+def _add_product(acc, a, b):
+    """``acc += a @ b`` with ``acc`` in float32 (or float64) and ``a``, ``b`` in the inputs'
+    dtype. On a GPU, half-precision products are accumulated by the matmul itself into the
+    float32 buffer (``addmm``'s ``out_dtype``), without a rounded temporary."""
+    if acc.dtype == a.dtype:
+        acc.addmm_(a, b)
+    elif acc.is_cuda and _mixed_addmm(acc.device.index):
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:
+        acc.add_(a @ b)
+
+
+_MIXED_ADDMM = {}
+
+
+def _mixed_addmm(device_index) -> bool:
+    """Whether ``addmm(..., out_dtype=float32)`` runs on this GPU (torch >= 2.8; tried once)."""
+    if device_index not in _MIXED_ADDMM:
+        try:
+            acc = torch.zeros(2, 2, device=f"cuda:{device_index or 0}")
+            ones = torch.ones(2, 2, device=acc.device, dtype=torch.bfloat16)
+            torch.addmm(acc, ones, ones, out_dtype=torch.float32, out=acc)
+            _MIXED_ADDMM[device_index] = bool((acc == 2).all())
+        except (RuntimeError, TypeError):
+            _MIXED_ADDMM[device_index] = False
+    return _MIXED_ADDMM[device_index]

@@ -191,3 +191,17 @@ def test_rejects_bad_arguments():
         fused_logprobs(hidden, weight, targets, 1.0, token_chunk=2, vocab_chunk=0)
     with pytest.raises(ValueError, match="3 values for 4 tokens"):
         fused_logprobs(hidden, weight, targets, torch.ones(3), token_chunk=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("n", "vocab", "token_chunk", "vocab_chunk"), [
+    (40, 300, 6, None),  # the vocabulary outside, slices of 7 rows, several token tiles per slice
+    (40, 300, 6, 50),
+    (5, 300, 6, 50),     # one token tile: only the hidden states' rows are summed
+    (90, 30, 8, 7),      # more tokens than vocabulary rows: the tokens outside
+])
+def test_backward_tiles_in_either_order(monkeypatch, n, vocab, token_chunk, vocab_chunk, dtype):
+    from prime_plugin_fused_lm_head import chunking
+
+    monkeypatch.setattr(chunking, "VOCAB_SLICE", 7)
+    check_against_reference(fused_logprobs, n, vocab, 16, dtype, True, token_chunk, vocab_chunk, seed=n * vocab)

@@ -52,6 +52,17 @@ def test_matches_reference(n, vocab, width, token_chunk, vocab_chunk, dtype):
 
 
 @kernel_test
+def test_backward_tiles_in_either_order(monkeypatch):
+    from prime_plugin_fused_lm_head import chunking
+
+    monkeypatch.setattr(chunking, "VOCAB_SLICE", 700)
+    # The vocabulary outside (slices straddling the kernels' blocks), then the tokens outside.
+    for n, vocab, token_chunk, vocab_chunk in ((30, 2500, 4, None), (30, 2500, 4, 2100), (300, 250, 90, 100)):
+        check_against_reference(triton_impl.fused_logprobs, n, vocab, 8, torch.bfloat16, True, token_chunk,
+                                vocab_chunk, seed=n, device=DEVICE)
+
+
+@kernel_test
 def test_large_logits_stay_exact():
     check_against_reference(triton_impl.fused_logprobs, 10, 3000, 16, torch.float32, True, 4, 1000,
                             logit_scale=200.0, loosen=10.0, device=DEVICE)
