@@ -43,6 +43,8 @@ MEMORY_TIGHT = {"fused_lm_head_token_chunk_size": 1024, "cp": 2, "optim_cpu_offl
 PINNED = {"attn": "sdpa", "compile": False, "fused_lm_head_token_chunk_size": "disabled"}
 """What the recorded runs computed with before the trainer decided these keys itself on GPUs
 (``prime_core.trainer.defaults``); ``--recipe fast-defaults`` leaves them to the trainer."""
+BF16_MASTER = {"optimization_dtype": "bfloat16", "reduce_dtype": "bfloat16"}
+"""``--recipe fast-bf16``: weights, gradients and AdamW state in bf16, no float32 master copy."""
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
             intermediate_size=128, moe_intermediate_size=32, vocab_size=512)
 
@@ -142,15 +144,17 @@ def worker(args) -> int:
     name = kind if kind == "cp" else args.shape + (f"-{args.layers}l" if args.layers else "")
     folder = make_model(args.model_root / f"{name}{'-tiny' if args.tiny else ''}", kind, shape, world)
     model = {"name": str(folder), "impl": "custom", "dtype": "bfloat16" if torch.cuda.is_available() else "float32"}
-    if args.recipe != "fast-defaults":
+    if not args.recipe.startswith("fast-"):
         model.update(PINNED)
+    if args.recipe == "fast-bf16":
+        model.update(BF16_MASTER)
     if kind == "moe":
         if args.recipe == "memory-tight":
             model.update(MEMORY_TIGHT, cp_style=args.style)
         model.update(ep=args.ep)
         label = {"kind": "moe", "model": name,
                  "config": (f"ep{args.ep}" if args.ep > 1 else "fsdp")
-                 + {"memory-tight": "-tight", "fast-defaults": "-defaults"}.get(args.recipe, "")}
+                 + {"memory-tight": "-tight", "fast-defaults": "-defaults", "fast-bf16": "-bf16"}.get(args.recipe, "")}
     else:
         model.update(cp=args.cp, cp_style=args.style, ac={"freq": 1})
         label = {"kind": "cp", "config": (f"cp{args.cp}-{args.style}" if args.cp > 1 else "cp1")
@@ -240,9 +244,11 @@ def main() -> int:
     parser.add_argument("--ep", type=int, default=1)
     parser.add_argument("--shape", choices=tuple(SHAPES), default="moe", help="moe: the MoE model's shape")
     parser.add_argument("--layers", type=int, help="moe: this many layers of the shape")
-    parser.add_argument("--recipe", choices=("default", "memory-tight", "fast-defaults"), default="default",
+    parser.add_argument("--recipe", choices=("default", "memory-tight", "fast-defaults", "fast-bf16"),
+                        default="default",
                         help="moe: the config the recorded runs used (FSDP + EP, vanilla LM head, no compile), the "
-                             "seeds' memory-tight recipe on top, or what the trainer picks itself on GPUs now")
+                             "seeds' memory-tight recipe on top, what the trainer picks itself on GPUs now, or that "
+                             "with bf16 master weights and AdamW state (the plain HF step's precision)")
     parser.add_argument("--cp", type=int, default=1)
     parser.add_argument("--style", choices=("ring", "ulysses"), default="ulysses")
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[8192])

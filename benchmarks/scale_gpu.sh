@@ -52,11 +52,13 @@ for phase in "$@"; do
           >> "$OUT/moe.log" 2>&1 || echo "moe $recipe exited $?"
       done
       grep -E "^moe " "$OUT/moe.log" ;;
-    moeprof)
-      timeout 250 python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/parallel_bench.py moe \
-        --ep 1 --recipe fast-defaults --seq-lens 8192 --samples-per-group 1 --warmup 1 --steps 3 --profile \
-        --out "$OUT" > "$OUT/moeprof.log" 2>&1 || echo "moe profile exited $?"
-      grep -E "^moe |%" "$OUT/moeprof.log" | head -45 ;;
+    moeprof)  # RECIPES: parallel_bench.py's --recipe values, one run each
+      for recipe in ${RECIPES:-fast-defaults fast-bf16}; do
+        timeout 250 python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/parallel_bench.py \
+          moe --ep 1 --recipe $recipe --seq-lens 8192 --samples-per-group 1 --warmup 1 --steps 3 --profile \
+          --out "$OUT" >> "$OUT/moeprof.log" 2>&1 || echo "moe profile $recipe exited $?"
+      done
+      grep -E "^moe " "$OUT/moeprof.log"; head -32 "$OUT"/profile-*.txt ;;
     head)
       timeout 200 python3 -m pytest -q -p no:cacheprovider -rs plugins/kernels/fused-lm-head/tests \
         > "$OUT/head_tests.log" 2>&1

@@ -169,9 +169,19 @@ def _compare_derived(ref: dict, got: dict, exact: dict, factor: float) -> dict:
     return worst
 
 
+def too_few_gpus(processes: int) -> bool:
+    """Whether this machine has GPUs but fewer than ``processes``: NCCL takes one GPU per
+    process, so such a parity run goes to the CPU (gloo), and its reference with it."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.device_count() < processes
+
+
 def run(model_dir, out_dir: Path, cases: list[dict], *, processes: int = 1, reference: bool = False,
-        save_ckpt: bool = False, load_ckpt: bool = False, timeout: float = 600) -> None:
-    """Run ``cases`` in ``processes`` gloo/NCCL processes (torchrun) or as the reference."""
+        save_ckpt: bool = False, load_ckpt: bool = False, timeout: float = 600, cpu: bool = False) -> None:
+    """Run ``cases`` in ``processes`` gloo/NCCL processes (torchrun) or as the reference; on the
+    CPU with gloo, GPUs hidden, when ``cpu``."""
+    import os
     import subprocess
     import sys
 
@@ -184,7 +194,8 @@ def run(model_dir, out_dir: Path, cases: list[dict], *, processes: int = 1, refe
     command = [*python_command(processes), "-m", "prime_core.parity", str(model_dir), str(out_dir), str(spec)]
     command += [flag for flag, on in (("--reference", reference), ("--save-ckpt", save_ckpt),
                                       ("--load-ckpt", load_ckpt)) if on]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""} if cpu else None
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     if done.returncode:
         sys.stderr.write(done.stdout[-4000:] + done.stderr[-8000:])
         raise AssertionError(f"parity run failed ({done.returncode}): {' '.join(command)}")

@@ -123,7 +123,8 @@ def check_parity(spec, results: Path, case: dict, processes: int, tolerance: dic
                             f"process: {exc}") from None
 
 
-def check_resume(spec, manager, model_dir: Path, results: Path, case: dict, out: Path, tolerance: dict) -> None:
+def check_resume(spec, manager, model_dir: Path, results: Path, case: dict, out: Path, tolerance: dict,
+                 cpu: bool = False) -> None:
     """The checkpoint written at ``ckpt_step`` in the case's processes, loaded by one process
     (the strategy's parallel degrees set to 1), continues to the reference's losses and weights."""
     import torch
@@ -135,7 +136,7 @@ def check_resume(spec, manager, model_dir: Path, results: Path, case: dict, out:
         keys.update({dim: 1 for dim in spec.degrees(model_config(manager, **keys))})
     one = {**case, "model": keys}
     shutil.copytree(results / case["name"], out / case["name"])
-    run(model_dir, out, [one], processes=1, load_ckpt=True)
+    run(model_dir, out, [one], processes=1, load_ckpt=True, cpu=cpu)
     reference = torch.load(results / f"{case['name']}.reference.pt", weights_only=False)
     resumed = torch.load(out / f"{case['name']}.pt", weights_only=False)
     expect(len(resumed["losses"]) == len(reference["losses"]) - case["ckpt_step"],
@@ -201,7 +202,7 @@ class ParallelStrategyContract(Contract):
     def runs(self, model_dir, tmp_path_factory) -> tuple[Path, list[dict]]:
         """Every case as the reference and in ``processes`` processes (the resumable one saved
         at step 2 of 4); the output folder and the cases as run."""
-        from prime_core.parity import run
+        from prime_core.parity import run, too_few_gpus
 
         if not self.cases:
             pytest.fail(f"{type(self).__name__} must set `cases`: parity cases that turn '{self.name}' on")
@@ -209,8 +210,9 @@ class ParallelStrategyContract(Contract):
         if self.resume:
             cases[0] = {**cases[0], "steps": max(4, cases[0].get("steps", 4)), "ckpt_step": 2}
         out = tmp_path_factory.mktemp("parity")
-        run(model_dir, out, cases, reference=True)
-        run(model_dir, out, cases, processes=self.processes, save_ckpt=self.resume)
+        cpu = too_few_gpus(self.processes)
+        run(model_dir, out, cases, reference=True, cpu=cpu)
+        run(model_dir, out, cases, processes=self.processes, save_ckpt=self.resume, cpu=cpu)
         return out, cases
 
     def test_declares_a_slot_a_mesh_and_degrees(self, spec, manager):
@@ -238,7 +240,10 @@ class ParallelStrategyContract(Contract):
         if not self.resume:
             pytest.skip("resume = False: the strategy changes no parameter or checkpoint layout")
         out, cases = runs
-        check_resume(spec, manager, model_dir, out, cases[0], tmp_path, self.tolerance)
+        from prime_core.parity import too_few_gpus
+
+        check_resume(spec, manager, model_dir, out, cases[0], tmp_path, self.tolerance,
+                     cpu=too_few_gpus(self.processes))
 
     def test_memory_model_runs(self, spec, manager, model_dir):
         if spec.memory is None:
