@@ -87,26 +87,26 @@ def make_model(folder: Path, kind: str, shape: dict, world) -> Path:
 
 
 def profiled_step(training, batch, loss_fn):
-    """The GPU kernels of one step: ``profiler.key_averages()``."""
+    """One step under the profiler (CPU operators with their shapes, GPU kernels)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from prime_core.trainer.step import train_step
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         train_step(training, batch["micro_batches"], max_norm=1.0, loss_fn=loss_fn)
         torch.cuda.synchronize()
-    return prof.key_averages()
+    return prof
 
 
-def gpu_events(averages) -> list:
-    return [e for e in averages if "CUDA" in str(getattr(e, "device_type", ""))]
+def gpu_events(prof) -> list:
+    return [e for e in prof.key_averages() if "CUDA" in str(getattr(e, "device_type", ""))]
 
 
-def all_to_all_share(averages) -> float:
+def all_to_all_share(prof) -> float:
     """GPU time in all-to-all (send/recv) kernels over the whole GPU time of one step."""
     total = comm = 0.0
-    for event in gpu_events(averages):
+    for event in gpu_events(prof):
         time_us = getattr(event, "device_time_total", 0.0)
         total += time_us
         if "nccl" in event.key.lower() and ("SendRecv" in event.key or "AllToAll" in event.key):
@@ -114,13 +114,20 @@ def all_to_all_share(averages) -> float:
     return comm / total if total else 0.0
 
 
-def kernel_table(averages, rows: int = 40) -> str:
-    """The step's GPU kernels by total time: share, calls, milliseconds, name."""
-    events = sorted(gpu_events(averages), key=lambda e: -e.device_time_total)
+def kernel_table(prof, rows: int = 40) -> str:
+    """The step's GPU kernels by total time (share, calls, milliseconds, name), then the
+    operators that launched them, by their own GPU time, with their input shapes."""
+    events = sorted(gpu_events(prof), key=lambda e: -e.device_time_total)
     total = sum(e.device_time_total for e in events) or 1.0
     lines = [f"GPU time {total / 1e3:.1f} ms in {len(events)} kernels"]
     lines += [f"{100 * e.device_time_total / total:5.1f}% {e.count:6d} {e.device_time_total / 1e3:9.2f} ms  "
               f"{e.key[:150]}" for e in events[:rows]]
+    ops = [e for e in prof.key_averages(group_by_input_shape=True)
+           if "CUDA" not in str(getattr(e, "device_type", "")) and e.self_device_time_total > 0]
+    ops.sort(key=lambda e: -e.self_device_time_total)
+    lines.append("operators by their own GPU time:")
+    lines += [f"{100 * e.self_device_time_total / total:5.1f}% {e.count:6d} {e.self_device_time_total / 1e3:9.2f} ms  "
+              f"{e.key} {str(e.input_shapes)[:120]}" for e in ops[:rows]]
     return "\n".join(lines)
 
 
@@ -184,11 +191,11 @@ def worker(args) -> int:
             batch = meter.run_fake_steps(training, fake, seq_len, rng, loss_fn=loss_fn, max_norm=1.0)
             record.update(meter.result())
             if torch.cuda.is_available() and (args.profile or (kind == "moe" and args.ep > 1)):
-                averages = profiled_step(training, batch, loss_fn)
+                prof = profiled_step(training, batch, loss_fn)
                 if kind == "moe" and args.ep > 1:
-                    record["all_to_all_share"] = all_to_all_share(averages)
+                    record["all_to_all_share"] = all_to_all_share(prof)
                 if args.profile and world.main:
-                    text = kernel_table(averages)
+                    text = kernel_table(prof)
                     (args.out / f"profile-{label['config']}-{seq_len}.txt").write_text(text + "\n")
                     print(text, flush=True)
         except torch.OutOfMemoryError:

@@ -58,7 +58,7 @@ for phase in "$@"; do
           moe --ep 1 --recipe $recipe --seq-lens 8192 --samples-per-group 1 --warmup 1 --steps 3 --profile \
           --out "$OUT" >> "$OUT/moeprof.log" 2>&1 || echo "moe profile $recipe exited $?"
       done
-      grep -E "^moe " "$OUT/moeprof.log"; head -32 "$OUT"/profile-*.txt ;;
+      grep -E "^moe " "$OUT/moeprof.log"; head -${PROFILE_LINES:-32} "$OUT"/profile-*.txt ;;
     head)
       timeout 200 python3 -m pytest -q -p no:cacheprovider -rs plugins/kernels/fused-lm-head/tests \
         > "$OUT/head_tests.log" 2>&1
