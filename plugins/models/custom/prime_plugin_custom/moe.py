@@ -83,6 +83,33 @@ class Experts(nn.Module):
         return self.grouped_mm(F.silu(gate) * up, down.transpose(1, 2), counts)
 
 
+class _Gather(torch.autograd.Function):
+    """``x[index]`` where every row of ``x`` is taken ``copies`` times, ``index``'s inverse
+    (``inverse[index[i] * copies + j]`` lists row ``index[i]``'s copies) known. Its backward
+    gathers and sums each row's copies, where autograd's would scatter-add them with atomics
+    into a zeroed buffer (about 2 ms a layer for 64k copies of 2,048 features on an H200)."""
+
+    @staticmethod
+    def forward(ctx, x, index, inverse, copies):
+        ctx.save_for_backward(inverse)
+        ctx.copies = copies
+        return x[index]
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inverse,) = ctx.saved_tensors
+        rows = grad[inverse]
+        if ctx.copies > 1:
+            rows = rows.view(-1, ctx.copies, grad.shape[-1]).sum(dim=1)
+        return rows, None, None, None
+
+
+def gather_rows(x: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor, copies: int = 1) -> torch.Tensor:
+    """``x[index]``, differentiable through a gather (``_Gather``): ``index`` takes every row of
+    ``x`` exactly ``copies`` times and ``inverse`` lists where, row by row."""
+    return _Gather.apply(x, index, inverse, copies)
+
+
 class LocalDispatcher:
     """Dispatch and combine without communication: every expert is local."""
 
@@ -96,16 +123,18 @@ class LocalDispatcher:
         flat = topk_idx.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.num_experts)
-        return x[order // k], counts, (order, topk_weight, tokens, k)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        # Copy i of token t sits at inverse[t * k + i]: the backward sums a token's copies by a
+        # gather, in a fixed order.
+        return gather_rows(x, order // k, inverse, k), counts, (order, inverse, topk_weight, tokens, k)
 
     def combine(self, y_local: torch.Tensor, handle) -> torch.Tensor:
         """``[T, H]``: for each token the router-weighted sum of its ``k`` expert outputs."""
-        order, topk_weight, tokens, k = handle
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=order.device)
+        order, inverse, topk_weight, tokens, k = handle
         # Back in (token, choice) order, the k copies of a token are adjacent: a fixed-order
-        # sum, no atomics.
-        y = y_local[inverse].view(tokens, k, y_local.shape[-1])
+        # sum, no atomics (and none in the backward, a gather by ``order``).
+        y = gather_rows(y_local, inverse, order).view(tokens, k, y_local.shape[-1])
         return (y * topk_weight.to(y.dtype)[..., None]).sum(dim=1)
 
 
