@@ -153,9 +153,21 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
     w = (torch.randn(n, k, device=device, generator=gen) / k**0.5).bfloat16().requires_grad_()
     dy = torch.randn(m, n, device=device, generator=gen).bfloat16()
     xq, wq = quantize_rows(x.detach()), quantize_blocks(w.detach())
+    def with_torch_quantisers():
+        # The linear as it was before the fused Triton quantisers: the PyTorch ones, same bits.
+        from prime_plugin_fp8 import linear, quant
+
+        fused = linear.quantize_rows, linear.quantize_blocks
+        linear.quantize_rows, linear.quantize_blocks = quant.quantize_rows_torch, quant.quantize_blocks_torch
+        try:
+            fp8_linear(x, w, backend=backend).backward(dy)
+        finally:
+            linear.quantize_rows, linear.quantize_blocks = fused
+
     cases = {
         "bf16": (lambda: F.linear(x, w).backward(dy), 6),
         "fp8": (lambda: fp8_linear(x, w, backend=backend).backward(dy), 6),
+        "fp8_torch_quant": (with_torch_quantisers, 6),
         "bf16_gemm": (lambda: x.detach() @ w.detach().T, 2),
         "fp8_gemm": (lambda: fp8_gemm.gemm(xq, wq, b_block=128, out_dtype=torch.bfloat16, backend=backend), 2),
     }
@@ -199,18 +211,19 @@ def table(out: Path) -> None:
     fp8 = [r for r in records if r["bench"] == "fp8"]
     if fp8:
         grid = Table(title=f"FP8 linear (backend {fp8[0]['backend']}) against bf16: TFLOP/s")
-        for column in ("model", "layer", "M×K×N", "bf16 fwd+bwd", "fp8 fwd+bwd", "ratio", "bf16 gemm", "fp8 gemm",
-                       "ratio"):
+        for column in ("model", "layer", "M×K×N", "bf16 fwd+bwd", "fp8 fwd+bwd", "ratio", "torch quant",
+                       "ratio", "bf16 gemm", "fp8 gemm", "ratio"):
             grid.add_column(column, justify="right")
         keyed = {(r["model"], r["layer"], r["m"], r["case"]): r for r in fp8}
         for (model, layer, m, case), r in keyed.items():
             if case != "bf16":
                 continue
             get = {c: keyed.get((model, layer, m, c), {}).get("tflops", float("nan"))
-                   for c in ("bf16", "fp8", "bf16_gemm", "fp8_gemm")}
+                   for c in ("bf16", "fp8", "fp8_torch_quant", "bf16_gemm", "fp8_gemm")}
             grid.add_row(model, layer, f"{m}×{r['k']}×{r['n']}", f"{get['bf16']:.0f}", f"{get['fp8']:.0f}",
-                         ratio(get["fp8"], get["bf16"]), f"{get['bf16_gemm']:.0f}", f"{get['fp8_gemm']:.0f}",
-                         ratio(get["fp8_gemm"], get["bf16_gemm"]))
+                         ratio(get["fp8"], get["bf16"]), f"{get['fp8_torch_quant']:.0f}",
+                         ratio(get["fp8_torch_quant"], get["bf16"]), f"{get['bf16_gemm']:.0f}",
+                         f"{get['fp8_gemm']:.0f}", ratio(get["fp8_gemm"], get["bf16_gemm"]))
         console.print(grid)
 
 

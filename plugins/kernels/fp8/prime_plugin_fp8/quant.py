@@ -19,6 +19,9 @@ never padded; the last 128-row block of a weight is simply shorter.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+
 import torch
 import torch.nn.functional as F
 
@@ -50,9 +53,19 @@ def _cast(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, K]`` (any float dtype, any strides) -> ``(q [M, Kp] float8_e4m3fn, scale
-    [M, Kp / 128] float32)``, one scale per 1×128 block along K."""
+    [M, Kp / 128] float32)``, one scale per 1×128 block along K. On a CUDA device with Triton,
+    one fused kernel (``triton_quant``, the same bits); ``quantize_rows_torch`` elsewhere."""
     if x.dim() != 2:
         raise ValueError(f"quantize_rows takes a 2-D tensor, got shape {tuple(x.shape)}")
+    if x.is_cuda and _triton():
+        from prime_plugin_fp8.triton_quant import quantize_rows as fused
+
+        return fused(x)
+    return quantize_rows_torch(x)
+
+
+def quantize_rows_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_rows`` in PyTorch operations: the reference, and the path off CUDA."""
     m, k = x.shape
     kp = padded(k)
     # Row-major whatever the input's strides (a transposed view, an expanded gradient): the
@@ -64,9 +77,18 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``w [N, K]`` -> ``(q [N, Kp] float8_e4m3fn, scale [ceil(N / 128), Kp / 128] float32)``,
-    one scale per 128×128 block."""
+    one scale per 128×128 block; fused like ``quantize_rows`` on a CUDA device."""
     if w.dim() != 2:
         raise ValueError(f"quantize_blocks takes a 2-D tensor, got shape {tuple(w.shape)}")
+    if w.is_cuda and _triton():
+        from prime_plugin_fp8.triton_quant import quantize_blocks as fused
+
+        return fused(w)
+    return quantize_blocks_torch(w)
+
+
+def quantize_blocks_torch(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_blocks`` in PyTorch operations: the reference, and the path off CUDA."""
     n, k = w.shape
     kp, np_ = padded(k), padded(n)
     w = F.pad(w.float().contiguous(), (0, kp - k, 0, np_ - n))
@@ -74,6 +96,11 @@ def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = _scales(w.abs().amax(dim=(1, 3)))
     q = _cast(w, scale[:, None, :, None]).view(np_, kp)
     return q[:n], scale
+
+
+@functools.cache
+def _triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
 
 
 def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, k: int | None = None) -> torch.Tensor:

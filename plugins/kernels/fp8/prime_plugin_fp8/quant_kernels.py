@@ -1,0 +1,54 @@
+"""The Triton kernels of ``triton_quant`` (imported by it on first use: this module imports
+triton). See ``triton_quant`` for what they compute."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _round_to_e4m3(y):
+    """``y`` (float32, within ±448) rounded to the nearest e4m3 value, ties to even, still in
+    float32: the cast that follows is then exact. (Triton's interpreter rounds some values of
+    a plain float32 -> e4m3 cast wrongly, e.g. 126.3 to 64; the GPU's cast would round alike.)"""
+    e = ((y.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # the binade; 0 and tiny values: -127
+    e = tl.maximum(e, -6)  # e4m3's subnormals are spaced like its smallest binade
+    step = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(e - 3): 3 mantissa bits
+    inverse = ((127 - (e - 3)) << 23).to(tl.float32, bitcast=True)
+    t = y * inverse  # exact: a power of two; |t| <= 16
+    r = (t + 12582912.0) - 12582912.0  # 1.5 * 2^23: float32 addition rounds t to even
+    return tl.where(r == 0.0, y * 0.0, r * step)  # a negative value rounding to zero stays -0
+
+
+@triton.jit
+def _quantise(v, amax):
+    # quant._scales and quant._cast: exact division, a zero scale replaced by 1.
+    s = tl.div_rn(amax, 448.0)
+    s = tl.where(s == 0.0, 1.0, s)
+    return s, _round_to_e4m3(tl.clamp(tl.div_rn(v, s), -448.0, 448.0)).to(tl.float8e4nv)
+
+
+@triton.jit
+def rows(x, stride_m, stride_k, q, scale, m, k, kp, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    block = tl.program_id(1)
+    c = block * BLOCK + tl.arange(0, BLOCK)
+    r64 = r.to(tl.int64)
+    inside = (r[:, None] < m) & (c[None, :] < k)
+    v = tl.load(x + r64[:, None] * stride_m + c[None, :] * stride_k, mask=inside, other=0.0).to(tl.float32)
+    s, qv = _quantise(v, tl.max(tl.abs(v), axis=1)[:, None])
+    stored = (r[:, None] < m) & (c[None, :] < kp)
+    tl.store(q + r64[:, None] * kp + c[None, :], qv, mask=stored)
+    tl.store(scale + r64 * (kp // BLOCK) + block, tl.max(s, axis=1), mask=r < m)
+
+
+@triton.jit
+def blocks(w, stride_n, stride_k, q, scale, n, k, kp, BLOCK: tl.constexpr):
+    rb, cb = tl.program_id(0), tl.program_id(1)
+    r = rb * BLOCK + tl.arange(0, BLOCK)
+    c = cb * BLOCK + tl.arange(0, BLOCK)
+    r64 = r.to(tl.int64)
+    inside = (r[:, None] < n) & (c[None, :] < k)
+    v = tl.load(w + r64[:, None] * stride_n + c[None, :] * stride_k, mask=inside, other=0.0).to(tl.float32)
+    s, qv = _quantise(v, tl.max(tl.max(tl.abs(v), axis=1), axis=0))
+    tl.store(q + r64[:, None] * kp + c[None, :], qv, mask=(r[:, None] < n) & (c[None, :] < kp))
+    tl.store(scale + rb * (kp // BLOCK) + cb, s)

@@ -1,0 +1,95 @@
+"""``triton_quant`` against ``quant``'s PyTorch quantisers, bit for bit, on fresh random inputs.
+
+On a GPU the kernels are compiled; on a CPU they run in Triton's interpreter, which must be
+switched on before triton is first imported, so ``test_in_the_triton_interpreter`` reruns this
+file in a fresh process with ``TRITON_INTERPRET=1``.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+from prime_plugin_fp8 import quant, triton_quant  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+RUNS_KERNELS = CUDA or os.environ.get("TRITON_INTERPRET") == "1"
+kernel_test = pytest.mark.skipif(not RUNS_KERNELS, reason="run in the interpreter by test_in_the_triton_interpreter")
+
+
+@pytest.mark.skipif(RUNS_KERNELS, reason="the kernels run in this process")
+def test_in_the_triton_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout
+
+
+def _inputs(rows, cols, dtype, seed):
+    # Magnitudes from 1e-6 to 1e3 across rows and a zero row: tiny gradients and outliers.
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g) * torch.logspace(-6, 3, rows)[:, None]
+    x[rows // 2] = 0
+    return x.to(dtype).to(DEVICE)
+
+
+def _same(got, want):
+    (q, s), (q_ref, s_ref) = got, want
+    assert q.dtype == q_ref.dtype and q.shape == q_ref.shape and s.shape == s_ref.shape
+    assert torch.equal(s.cpu(), s_ref.cpu())
+    assert torch.equal(q.cpu().view(torch.uint8), q_ref.cpu().view(torch.uint8))
+
+
+@kernel_test
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (33, 128), (70, 200), (130, 384)])
+def test_rows_match_pytorch_bit_for_bit(shape, dtype):
+    x = _inputs(*shape, dtype, seed=shape[0])
+    _same(triton_quant.quantize_rows(x), quant.quantize_rows_torch(x))
+    # A transposed view (the weight gradient's operands) is read in place.
+    xt = _inputs(shape[1], shape[0], dtype, seed=7).t()
+    _same(triton_quant.quantize_rows(xt), quant.quantize_rows_torch(xt))
+
+
+@kernel_test
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1), (5, 7), (128, 128), (200, 260), (300, 129)])
+def test_blocks_match_pytorch_bit_for_bit(shape, dtype):
+    w = _inputs(*shape, dtype, seed=shape[1])
+    _same(triton_quant.quantize_blocks(w), quant.quantize_blocks_torch(w))
+    wt = _inputs(shape[1], shape[0], dtype, seed=3).t()  # the input gradient's W.T
+    _same(triton_quant.quantize_blocks(wt), quant.quantize_blocks_torch(wt))
+
+
+@kernel_test
+def test_the_quantisers_use_the_kernels_on_their_device():
+    x = _inputs(40, 300, torch.bfloat16, seed=1)
+    _same(quant.quantize_rows(x), triton_quant.quantize_rows(x))
+    _same(quant.quantize_blocks(x), triton_quant.quantize_blocks(x))
+
+
+def test_a_cpu_tensor_stays_with_pytorch_outside_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert "not on a CUDA device" in triton_quant.unavailable_reason(torch.zeros(2, 2))
+
+
+@kernel_test
+def test_every_binade_subnormals_and_ties_round_like_pytorch():
+    # Within one block: magnitudes from 448 down past e4m3's smallest subnormal (2^-9), plus
+    # exact ties between two e4m3 values (ties go to even) and both signs of zero.
+    g = torch.Generator().manual_seed(11)
+    mags = 448 * 2 ** torch.linspace(-20, 0, 128)
+    signs = torch.where(torch.rand(128, generator=g) < 0.5, -1.0, 1.0)
+    x = torch.stack([mags * signs, torch.randn(128, generator=g)])
+    ties = torch.tensor([1.0625, 1.1875, 17.0, 19.0, 0.01171875, -1.0625, -0.0, 0.0, 448.0, -448.0])
+    x[1, :ties.numel()] = ties
+    x = torch.cat([x, x.flip(1)]).to(DEVICE)
+    x[:2, 100] = 448.0  # the first rows' scale is then exactly 1: ties stay ties
+    _same(triton_quant.quantize_rows(x), quant.quantize_rows_torch(x))
+    _same(triton_quant.quantize_blocks(x), quant.quantize_blocks_torch(x))
