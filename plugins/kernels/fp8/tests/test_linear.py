@@ -148,3 +148,37 @@ def test_backend_names_and_devices():
     x = torch.randn(3, 130)
     torch.testing.assert_close(fp8_linear(x, torch.eye(130)[:7], backend="auto"),
                                fp8_linear(x, torch.eye(130)[:7], backend="emulated"))
+
+
+def test_compiles_into_one_graph_of_custom_gemm_operators_with_the_same_results():
+    # The GEMMs are custom operators, opaque to the compiler: fullgraph fails on any graph
+    # break, and the graphs hold the operators themselves, not what they do inside (on a GPU,
+    # Triton launches and backend dispatch that broke the graph at every linear).
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def keep(gm, _inputs):
+        graphs.append(gm)
+        return gm
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 200, requires_grad=True)
+    weight = (torch.randn(130, 200) / 14).requires_grad_()
+    bias = torch.randn(130, requires_grad=True)
+    dy = torch.randn(3, 5, 130)
+
+    def run(fn):
+        out = fn(x, weight, bias)
+        grads = torch.autograd.grad((out * dy).sum(), (x, weight, bias))
+        return out, *grads
+
+    eager = run(lambda *a: fp8_linear(*a, backend="emulated"))
+    backend = aot_autograd(fw_compiler=keep, bw_compiler=keep)
+    compiled = run(torch.compile(lambda *a: fp8_linear(*a, backend="emulated"), fullgraph=True, backend=backend))
+    for got, want in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    ops = {str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"}
+    assert {"prime_fp8.forward_gemm.default", "prime_fp8.input_grad_gemm.default",
+            "prime_fp8.weight_grad_gemm.default"} <= ops, ops
+    assert not any("amax" in op for op in ops), ops
