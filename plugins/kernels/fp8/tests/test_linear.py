@@ -116,7 +116,12 @@ def test_torch_chunked_scaled_mm_matches_emulated(mkn, b_block):
     CPU (tensor-/row-wise float8_e4m3fn scaling does in torch 2.13): every product of a linear
     (forward and input gradient: 128×128 weights; weight gradient: 1×128 both)."""
     a, b = _operands(*mkn, b_block, seed=3)
-    got = gemms.torch_gemm(a, b, b_block=b_block, out_dtype=torch.float32, mode="chunked")
+    try:
+        got = gemms.torch_gemm(a, b, b_block=b_block, out_dtype=torch.float32, mode="chunked")
+    except RuntimeError as exc:
+        if "per-tensor scaling for CPU" not in str(exc):
+            raise
+        pytest.skip(f"torch {torch.__version__} scales _scaled_mm per tensor only on a CPU (2.13 scales per row)")
     _assert_exact_product(got, a, b, b_block)
     _assert_exact_product(gemms.emulated_gemm(a, b, b_block=b_block, out_dtype=torch.float32), a, b, b_block)
     assert gemms.torch_gemm(a, b, b_block=b_block, out_dtype=torch.bfloat16, mode="chunked").dtype == torch.bfloat16
