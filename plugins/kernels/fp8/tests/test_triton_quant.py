@@ -1,34 +1,16 @@
-"""``triton_quant`` against ``quant``'s PyTorch quantisers, bit for bit, on fresh random inputs.
-
-On a GPU the kernels are compiled; on a CPU they run in Triton's interpreter, which must be
-switched on before triton is first imported, so ``test_in_the_triton_interpreter`` reruns this
-file in a fresh process with ``TRITON_INTERPRET=1``.
-"""
-
-import os
-import subprocess
-import sys
+"""``triton_quant`` against ``quant``'s PyTorch quantisers, bit for bit, on fresh random inputs:
+compiled on a GPU, through Triton's interpreter elsewhere (``prime_core.testing.triton``)."""
 
 import pytest
 import torch
 
 pytest.importorskip("triton", reason="triton is not installed")
 
+from prime_core.testing.triton import device, interpreter_rerun, kernel_test  # noqa: E402
 from prime_plugin_fp8 import quant, triton_quant  # noqa: E402
 
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-RUNS_KERNELS = CUDA or os.environ.get("TRITON_INTERPRET") == "1"
-kernel_test = pytest.mark.skipif(not RUNS_KERNELS, reason="run in the interpreter by test_in_the_triton_interpreter")
-
-
-@pytest.mark.skipif(RUNS_KERNELS, reason="the kernels run in this process")
-def test_in_the_triton_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                            env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout
+DEVICE = device()
+test_in_the_triton_interpreter = interpreter_rerun(__file__)
 
 
 def _inputs(rows, cols, dtype, seed):

@@ -1,15 +1,5 @@
-"""``lm_head:fused_triton`` against the float64 reference and the PyTorch implementation.
-
-On a GPU the kernels are compiled. On a CPU machine they run in Triton's interpreter, which
-executes the same kernel code with NumPy; it has to be switched on (``TRITON_INTERPRET=1``)
-before triton is first imported, so ``test_in_the_triton_interpreter`` reruns this file in a
-fresh process with it set. The arithmetic is thus checked everywhere, the compiled code
-where a GPU exists.
-"""
-
-import os
-import subprocess
-import sys
+"""``lm_head:fused_triton`` against the float64 reference and the PyTorch implementation:
+compiled on a GPU, through Triton's interpreter elsewhere (``prime_core.testing.triton``)."""
 
 import pytest
 import torch
@@ -18,23 +8,14 @@ from prime_core.plugins import PluginManager
 
 triton = pytest.importorskip("triton", reason="triton is not installed")
 
+from prime_core.testing.triton import device, interpreter_rerun, kernel_test  # noqa: E402
 from prime_plugin_fused_lm_head import triton_impl  # noqa: E402
 from prime_plugin_fused_lm_head.reference import check_against_reference, make_inputs  # noqa: E402
 from prime_plugin_fused_lm_head.torch_impl import fused_logprobs as torch_logprobs  # noqa: E402
 
 CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-RUNS_KERNELS = CUDA or os.environ.get("TRITON_INTERPRET") == "1"
-kernel_test = pytest.mark.skipif(not RUNS_KERNELS, reason="run in the interpreter by test_in_the_triton_interpreter")
-
-
-@pytest.mark.skipif(RUNS_KERNELS, reason="the kernels run in this process")
-def test_in_the_triton_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                            env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and "skipped" in result.stdout  # this test itself is skipped there
+DEVICE = device()
+test_in_the_triton_interpreter = interpreter_rerun(__file__)
 
 
 @kernel_test
