@@ -8,8 +8,9 @@ import triton.language as tl
 @triton.jit
 def _round_to_e4m3(y):
     """``y`` (float32, within ±448) rounded to the nearest e4m3 value, ties to even, still in
-    float32: the cast that follows is then exact. (Triton's interpreter rounds some values of
-    a plain float32 -> e4m3 cast wrongly, e.g. 126.3 to 64; the GPU's cast would round alike.)"""
+    float32: the cast that follows is then exact. Rounding here is what the GPU's cast does
+    anyway; doing it ourselves keeps Triton's interpreter right, whose own float32 -> e4m3 cast
+    rounds some values wrongly (126.3 to 64)."""
     e = ((y.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # the binade; 0 and tiny values: -127
     e = tl.maximum(e, -6)  # e4m3's subnormals are spaced like its smallest binade
     step = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(e - 3): 3 mantissa bits

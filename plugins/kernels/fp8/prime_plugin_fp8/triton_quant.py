@@ -6,7 +6,7 @@ Here every program loads one tile of the input once, in its own dtype and stride
 transposed view of a gradient needs no copy), finds the block's ``amax`` in float32
 registers and writes the FP8 values and the scale. The arithmetic is ``quant``'s: the scale
 is ``amax / 448`` rounded to nearest (a division, as there), a zero scale becomes 1, values are
-``x / scale`` rounded to nearest, clamped to ±448, then cast. ``tests/test_quant.py`` checks
+``x / scale`` rounded to nearest, clamped to ±448, then cast. ``tests/test_triton_quant.py`` checks
 the outputs bit for bit against ``quant``'s on fresh random inputs, through Triton's
 interpreter on a CPU and compiled on a GPU. One difference: a NaN in a block is not carried
 into its scale (``amax`` skips it); the PyTorch quantisers make the whole block NaN.
@@ -14,24 +14,10 @@ into its scale (``amax`` skips it); the PyTorch quantisers make the whole block 
 
 from __future__ import annotations
 
-import os
-
 BLOCK = 128
 ROWS = 32
 """Rows (of ``quantize_rows``) per program: a 32 x 128 tile, so that a transposed input,
 contiguous along the rows, is still read in whole cache lines."""
-
-
-def unavailable_reason(x) -> str | None:
-    """Why ``x`` cannot be quantised here (``None`` when it can): a CUDA tensor and Triton, or
-    Triton's interpreter on a CPU (``TRITON_INTERPRET=1``)."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return "triton is not installed"
-    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        return "the input is not on a CUDA device"
-    return None
 
 
 def quantize_rows(x):

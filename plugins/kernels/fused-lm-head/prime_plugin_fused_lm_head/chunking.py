@@ -51,8 +51,7 @@ def chunk_size_for(n_tokens: int, vocab: int, hidden: int, dtype, budget_bytes: 
     return max(1, min(n_tokens, fits))
 
 
-def backward_tiles(n_tokens: int, vocab: int, token_chunk: int, vocab_chunk: int,
-                   vocab_slice: int | None = None) -> tuple[bool, int, int]:
+def backward_tiles(n_tokens: int, vocab: int, token_chunk: int, vocab_chunk: int) -> tuple[bool, int, int]:
     """``(vocab_outer, token_tile, vocab_tile)``: how the backward pass tiles the
     ``[tokens, vocab]`` plane, each tile as large as one forward chunk (``token_chunk`` by
     ``vocab_chunk``) so its working set stays within the same budget.
@@ -70,7 +69,7 @@ def backward_tiles(n_tokens: int, vocab: int, token_chunk: int, vocab_chunk: int
         return False, token_chunk, vocab_chunk
     if n_tokens <= token_chunk:
         return True, max(1, n_tokens), vocab_chunk
-    vocab_tile = min(vocab_chunk, vocab_slice or VOCAB_SLICE)
+    vocab_tile = min(vocab_chunk, VOCAB_SLICE)
     most = max(1, token_chunk * vocab_chunk // vocab_tile)
     tiles = -(-n_tokens // most)
     return True, -(-n_tokens // tiles), vocab_tile

@@ -44,8 +44,8 @@ def memory(est, config) -> None:
 
     def head(e) -> float:
         per_token = bytes_per_token(e.vocab, e.hidden, _Dtype, rows)
-        chunk = min(e.tokens, setting if isinstance(setting, int) else max(1, DEFAULT_BUDGET_BYTES // per_token))
-        chunk = max(1, chunk)
+        # At least 1: a plan for zero tokens still sizes a chunk.
+        chunk = max(1, min(e.tokens, setting if isinstance(setting, int) else DEFAULT_BUDGET_BYTES // per_token))
         return chunk * per_token + accumulator_bytes(e.tokens, e.vocab, e.hidden, chunk, e.vocab) + 16.0 * e.tokens
 
     est.lm_head = head

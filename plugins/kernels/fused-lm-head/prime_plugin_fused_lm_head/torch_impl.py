@@ -8,6 +8,8 @@ one log-sum-exp per token, and the backward pass recomputes each chunk's logits 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from prime_plugin_fused_lm_head.chunking import backward_tiles, chunk_size_for
@@ -286,17 +288,13 @@ def _add_product(acc, a, b):
         acc.add_(a @ b)
 
 
-_MIXED_ADDMM = {}
-
-
+@functools.cache
 def _mixed_addmm(device_index) -> bool:
     """Whether ``addmm(..., out_dtype=float32)`` runs on this GPU (torch >= 2.8; tried once)."""
-    if device_index not in _MIXED_ADDMM:
-        try:
-            acc = torch.zeros(2, 2, device=f"cuda:{device_index or 0}")
-            ones = torch.ones(2, 2, device=acc.device, dtype=torch.bfloat16)
-            torch.addmm(acc, ones, ones, out_dtype=torch.float32, out=acc)
-            _MIXED_ADDMM[device_index] = bool((acc == 2).all())
-        except (RuntimeError, TypeError):
-            _MIXED_ADDMM[device_index] = False
-    return _MIXED_ADDMM[device_index]
+    try:
+        acc = torch.zeros(2, 2, device=f"cuda:{device_index or 0}")
+        ones = torch.ones(2, 2, device=acc.device, dtype=torch.bfloat16)
+        torch.addmm(acc, ones, ones, out_dtype=torch.float32, out=acc)
+        return bool((acc == 2).all())
+    except (RuntimeError, TypeError):
+        return False
