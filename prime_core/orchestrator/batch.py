@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from prime_core.run_dir import atomic_write_bytes
@@ -80,6 +80,11 @@ class MicroBatch:
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    def as_dict(self) -> dict:
+        """The row as the trainer takes it, ``{field: list}``: shallow, the lists themselves
+        (``dataclasses.asdict`` copies every element, 17% of a tiny model's SFT step)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def pack(samples: list[TrainingSample], seq_len: int) -> list[MicroBatch]:

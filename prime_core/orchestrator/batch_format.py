@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +73,7 @@ class BatchFormat:
 
 
 def _fields(row) -> dict:
-    # Shallow: ``dataclasses.asdict`` would copy every list element by element.
-    return row if isinstance(row, dict) else {f.name: getattr(row, f.name) for f in fields(row)}
+    return row if isinstance(row, dict) else row.as_dict()
 
 
 # -- binary -----------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from prime_core.errors import ConfigError
@@ -109,7 +108,7 @@ def run(config) -> int:
         else:
             packed = [row for sample in batch for row in pack([sample], config.seq_len)]
         start = meter.start_step(step) if meter else time.perf_counter()
-        sums = train_step(training, [asdict(row) for row in packed], max_norm=config.optim.max_norm)
+        sums = train_step(training, [row.as_dict() for row in packed], max_norm=config.optim.max_norm)
         if meter:
             meter.end_step(step, start, sums["rows"])
             if world.main:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from dataclasses import asdict
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -45,5 +44,5 @@ def fake_batch(config: FakeDataConfig, seq_len: int, vocab_size: int, rng: rando
     from prime_core.orchestrator.batch import pack
 
     samples = fake_samples(config.batch_size, seq_len, vocab_size, config.length, rng)
-    return {"micro_batches": [asdict(row) for row in pack(samples, seq_len)], "temperature": 1.0,
+    return {"micro_batches": [row.as_dict() for row in pack(samples, seq_len)], "temperature": 1.0,
             "info": {"reward": 0.0}}
