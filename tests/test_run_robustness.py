@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -213,6 +214,29 @@ def test_a_failure_report_shows_the_cause_and_no_request_noise(tmp_path):
     assert "HTTP Request" not in report and "HTTP/1.1" not in report  # 60 request lines, none shown
     assert report.splitlines()[-1] == "RuntimeError: Engine core initialization failed"
     assert "ulimit" not in "".join(report.splitlines()[:3]), "a warning is no cause"
+
+
+def test_a_dying_service_is_named_over_the_client_that_failed_first_and_without_one_nobody_waits(tmp_path):
+    """A failure waits for other roles to fail too only while a service runs, since a dying
+    server (which is what to report) makes its clients fail first; with none, the run stops at once."""
+    from prime_core.launch.plan import LaunchPlan, RoleProcess
+    from prime_core.launch.supervise import supervise
+
+    def proc(role: str, code: str, service: bool = False) -> RoleProcess:
+        return RoleProcess(role=role, command=[sys.executable, "-c", code], config=tmp_path / f"{role}.json",
+                           log=tmp_path / "logs" / f"{role}.log", service=service)
+
+    server_dies = "import sys, time; time.sleep(2); sys.exit(9)"
+    client_fails = "import sys, time; time.sleep(0.5); sys.exit(1)"
+    outcome = supervise(LaunchPlan(launcher="test", output_dir=tmp_path, processes=[
+        proc("inference", server_dies, service=True), proc("orchestrator", client_fails)]))
+    assert (outcome.code, outcome.failed_role) == (9, "inference"), outcome.message
+
+    start = time.monotonic()
+    outcome = supervise(LaunchPlan(launcher="test", output_dir=tmp_path, processes=[
+        proc("orchestrator", "import time; time.sleep(60)"), proc("trainer", client_fails)]))
+    assert (outcome.code, outcome.failed_role) == (1, "trainer")
+    assert time.monotonic() - start < 5, "stopped at once, with no service whose death could explain it"
 
 
 # -- SFT: resume, atomic model, full disk ----------------------------------------------------------

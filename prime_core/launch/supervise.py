@@ -184,10 +184,11 @@ def _supervise(plan: LaunchPlan, poll_interval: float, on_tick, on_note, interru
 
 
 SETTLE_SECONDS = 10.0
-"""After a role fails, how long the others may take to fail too before being stopped: a dead
-inference server makes the orchestrator fail within a second or two, and the server is the
-role to report; the inference role itself needs a few seconds more to see its server's death
-and stop what is left of it (measured up to 4 s on 2 busy cores)."""
+"""After a role fails while a service (the inference server) still runs, how long the others
+may take to fail too before being stopped: a dead inference server makes the orchestrator fail
+within a second or two, and the server is the role to report; the inference role itself needs a
+few seconds more to see its server's death and stop what is left of it (measured up to 4 s on 2
+busy cores). With no service running there is nothing such a wait could find."""
 
 
 def _failed(procs: dict[str, RoleProcess], running: dict[str, subprocess.Popen]) -> list[str]:
@@ -199,7 +200,11 @@ def _failed(procs: dict[str, RoleProcess], running: dict[str, subprocess.Popen])
 
 def _failure(procs: dict[str, RoleProcess], running: dict[str, subprocess.Popen], failed: list[str]) -> Outcome:
     deadline = time.monotonic() + SETTLE_SECONDS
-    while time.monotonic() < deadline and not any(procs[r].service for r in failed):
+
+    def service_running() -> bool:
+        return any(procs[r].service and p.poll() is None for r, p in running.items())
+
+    while time.monotonic() < deadline and not any(procs[r].service for r in failed) and service_running():
         time.sleep(0.1)
         failed = list(dict.fromkeys([*failed, *_failed(procs, running)]))
     _stop({r: p for r, p in running.items() if r not in failed})
