@@ -159,6 +159,15 @@ def prime_cli(monkeypatch) -> Callable:
     return invoke
 
 
+def pytest_configure(config) -> None:
+    """Tests run offline unless the environment says otherwise, as prime's roles do: the Hub
+    client reads ``HF_HUB_OFFLINE`` once, when first imported, and online, a lookup of a name
+    that is not local waits some 20 s for a network these machines may not have."""
+    from prime_core.hub import default_offline
+
+    default_offline()
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """Tests marked ``gpu`` skip, with the reason, where no CUDA device is visible."""
     if not any(item.get_closest_marker("gpu") for item in items):
