@@ -19,7 +19,7 @@ rm -rf "$out/base" "$out/sft"
 # 30% of the examples call the tool (call, result, answer); the rest answer directly.
 "$prime" envs sft-data calculator "$out/sft.jsonl" --n 8000 --demos "${DEMOS:-0.3}" --args '{"digits": 3}'
 "$prime" sft "$here/../cpu/sft.toml" --output-dir "$out/sft" --model.name "$out/base" --data.path "$out/sft.jsonl" \
-  --max-steps "${SFT_STEPS:-500}"
+  --seq-len 256 --max-steps "${SFT_STEPS:-500}"  # rows of 256 tokens: the samples are at most 194
 sft_done=$(date +%s)
 "$prime" run "$here/rl.toml" --output-dir "$out/rl" --model.name "$out/sft/model" --max-steps "${RL_STEPS:-40}" \
   --clean "$@"

@@ -258,10 +258,11 @@ def failing_server():
     server.close()
 
 
-@pytest.mark.slow  # wandb gives up on the broken server after its 30 s init timeout
 def test_a_server_that_fails_means_offline_not_a_failed_run(no_account, failing_server, tmp_path):
     script = tmp_path / "sft.py"
     script.write_text("from types import SimpleNamespace\n"
+                      "from prime_plugin_wandb import monitor\n"
+                      "monitor.INIT_TIMEOUT_S = 8.0  # the monitor's 30 s: a broken server fails the same way sooner\n"
                       "from prime_plugin_wandb.config import WandbConfig\n"
                       "from prime_plugin_wandb.monitor import WandbMonitor\n"
                       "sink = WandbMonitor(SimpleNamespace(wandb=WandbConfig()), output_dir='out', role='sft')\n"
