@@ -37,9 +37,9 @@ pytestmark = [
 pytest_plugins = ["prime_core.testing"]
 
 
-def prime(*args: str, timeout: float = 900, check: bool = True, **env: str) -> subprocess.CompletedProcess:
+def prime(*args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
     result = subprocess.run([sys.executable, "-m", "prime_core", *args], capture_output=True, text=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", **env}, timeout=timeout)
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"prime {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
     return result
