@@ -44,7 +44,8 @@ WORKER = textwrap.dedent("""
     import os, time
     from prime_core.launch.lifeline import watch_launcher
     watch_launcher()
-    print("rank", os.environ["RANK"], "up", flush=True)
+    # One string: unbuffered, the two ranks' print() pieces interleaved ("rankrank 1  0up")
+    print(f"rank {os.environ['RANK']} up", flush=True)
     time.sleep(600)
 """)
 
