@@ -34,6 +34,7 @@ from typing import ClassVar
 
 import pytest
 
+from prime_core.ports import free_ports
 from prime_core.testing.contracts import Contract, expect
 from prime_core.testing.contracts.model_impl import tiny_checkpoint
 
@@ -81,11 +82,7 @@ async def _sample_all(client, requests):
 
 
 def check_health_of_a_dead_url(spec) -> None:
-    import socket
-
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_ports(1)  # nothing listens on it
     client = spec.client(f"http://127.0.0.1:{port}/v1", api_key=None, timeout=5.0)
     try:
         answer = client.health()
@@ -228,7 +225,7 @@ class InferenceBackendContract(Contract):
         spec = manager.registry(self.registry)[self.name].spec
         config = load_config("inference", ["--model.name", str(model_dir), "--backend", self.name,
                                            "--output-dir", str(tmp_path_factory.mktemp("run")),
-                                           "--server.port", str(_free_port()), *self.server_args])
+                                           "--server.port", str(free_ports(1)), *self.server_args])
         server = spec.server(config)
         server.start()
         try:
@@ -261,11 +258,3 @@ class InferenceBackendContract(Contract):
 
     def test_errors_name_the_server(self, spec, served):
         check_errors_name_the_server(spec, served[0], api_key=self.api_key)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
