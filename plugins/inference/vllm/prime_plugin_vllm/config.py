@@ -78,6 +78,12 @@ class VLLMKeys(Section):
     """Adapters kept in CPU memory (``--max-cpu-loras``); unset: ``lora.max_loras + 2``."""
     use_deep_gemm: bool = False
     """DeepGEMM FP8 kernels (``VLLM_USE_DEEP_GEMM=1`` in the server's environment)."""
+    cache_dir: str | None = None
+    """Where vLLM and inductor keep compiled graphs and model metadata: ``VLLM_CACHE_ROOT`` is
+    ``<cache_dir>/vllm`` and ``TORCHINDUCTOR_CACHE_DIR`` is ``<cache_dir>/inductor``. Unset:
+    vLLM's own (the environment's ``VLLM_CACHE_ROOT``, else ``~/.cache/vllm``), shared by every
+    run, so a start reuses what earlier ones compiled and inspected (vLLM writes its cache
+    atomically and keys it by the code and config that made it)."""
 
     data_parallel_size_local: Annotated[int | None, Noted(
         "prime runs inference.parallel.dp replicas as separate servers (one per replica)")] = None

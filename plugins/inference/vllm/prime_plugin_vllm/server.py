@@ -161,21 +161,18 @@ class VLLMServer:
     def log_path(self) -> Path:
         return Path(self.config.output_dir) / "logs" / f"vllm-{self.port}.log"
 
-    @property
-    def cache_dir(self) -> Path:
-        return Path(self.config.output_dir).expanduser().absolute() / ".cache"
-
     def env(self) -> dict[str, str]:
         """The child's environment: this process's, plus what vLLM needs here, plus ``config.env``."""
         cfg = self.config
         env = dict(os.environ)
         env.update({
             "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc (weight reloads) and /reset_prefix_cache
-            "VLLM_CACHE_ROOT": str(self.cache_dir / "vllm"),
-            "TORCHINDUCTOR_CACHE_DIR": str(self.cache_dir / "inductor"),
             "VLLM_LOGGING_LEVEL": cfg.log.level.upper(),
             "PYTHONUNBUFFERED": "1",
         })
+        if getattr(cfg, "cache_dir", None):
+            root = Path(cfg.cache_dir).expanduser().absolute()
+            env.update(VLLM_CACHE_ROOT=str(root / "vllm"), TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"))
         if cfg.lora is not None:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter and unload
         if getattr(cfg, "use_deep_gemm", False):
@@ -281,7 +278,6 @@ class VLLMServer:
         self._check_port_free()
         command, env = self.command(), self.env()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
         # Appended to: the log of a server that crashed survives the restart that follows.
         with open(self.log_path, "ab") as log:
             self.log_start = log.tell()

@@ -153,17 +153,21 @@ def test_args_pass_through_and_win(tmp_path):
 def test_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "")
     monkeypatch.setenv("VLLM_CACHE_ROOT", "/somewhere/else")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     config = make_config(tmp_path, env={"MY_VAR": "1"}, log={"level": "debug"})
     env = VLLMServer(config, on_cpu=True).env()
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["TORCH_COMPILE_DISABLE"] == "1"
     assert env["HF_HUB_OFFLINE"] == "1", "a local model folder is served offline"
     assert "VLLM_CPU_KVCACHE_SPACE" not in env, "an empty value kills vLLM's CPU worker"
-    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "out" / ".cache" / "vllm")
-    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "out" / ".cache" / "inductor")
+    assert env["VLLM_CACHE_ROOT"] == "/somewhere/else", "vLLM's cache, shared by runs, unless cache_dir is set"
+    assert "TORCHINDUCTOR_CACHE_DIR" not in env
     assert env["MY_VAR"] == "1" and env["VLLM_LOGGING_LEVEL"] == "DEBUG"
 
     for name in ("HF_HUB_OFFLINE", "TORCH_COMPILE_DISABLE"):
         monkeypatch.delenv(name, raising=False)
+    own = VLLMServer(make_config(tmp_path, cache_dir=str(tmp_path / "cache")), on_cpu=True).env()
+    assert own["VLLM_CACHE_ROOT"] == str(tmp_path / "cache" / "vllm")
+    assert own["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "inductor")
     gpu = VLLMServer(make_config(tmp_path, model={"name": "org/hub-model"}), on_cpu=False).env()
     assert "TORCH_COMPILE_DISABLE" not in gpu and "HF_HUB_OFFLINE" not in gpu
 
