@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from prime_core.errors import PrimeError
 
@@ -40,8 +41,6 @@ def offline() -> bool:
 def cache_problem(name: str, key: str) -> str | None:
     """Why the hub id ``name`` cannot be loaded by offline roles (not in the local cache), or
     ``None`` (a local folder, a cached id, or roles allowed to download)."""
-    from pathlib import Path
-
     if Path(name).expanduser().is_dir() or not offline():
         return None
     from huggingface_hub import try_to_load_from_cache
@@ -55,3 +54,15 @@ def cache_problem(name: str, key: str) -> str | None:
     return (f"{key} = '{name}': not a local folder and not in the local Hugging Face cache, and roles run offline "
             "(HF_HUB_OFFLINE=1): download it first (HF_HUB_OFFLINE=0 hf download NAME), set HF_HUB_OFFLINE=0 to let "
             "the roles download it, or point it at a local folder")
+
+
+def model_folder(name: str, *, download: bool = True) -> Path:
+    """The folder of model ``name``'s config and safetensors: a local folder as is; a hub id's
+    snapshot, from the local cache (``download=False``, or ``HF_HUB_OFFLINE``) or fetched."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors"],
+                                  local_files_only=not download))

@@ -341,7 +341,9 @@ class InferenceBackend(Spec):
       what a weight transport the backend also provides leaves there instead (the ``nccl``
       transport's ``BROADCAST.json``: receive the tensors from the trainer's process group).
       How is the backend's business (a live reload; a new adapter name per step and unloading
-      old adapters); requests already running may finish on the previous weights. Returns a
+      old adapters); requests already running may finish on the previous weights. A run from
+      scratch calls it first with step 0 and the base model's folder (the server may serve an
+      earlier run's policy): full weights, after which no adapter is served. Returns a
       few words for the log (``"LoRA adapter <name>"``), or ``None``.
     - ``async close()``: release connections; called once, last (also after errors).
     - optionally ``async prompt_logprobs(token_ids: list[int]) -> list[float]``: the

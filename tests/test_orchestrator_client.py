@@ -171,6 +171,33 @@ def test_orchestrator_samples_only_through_the_client_and_router(canned, tmp_pat
     assert metrics[0]["probe_logprob"] == pytest.approx(-0.5 - 0.25 - 0.25)
 
 
+def test_a_run_from_scratch_serves_the_base_model_first_and_a_resumed_one_does_not(canned, tmp_path, capsys):
+    """Servers the run did not start may serve an earlier run's policy: before its first sample,
+    a run from scratch loads the base model's folder into every replica as policy v0."""
+    from prime_core.orchestrator.role import Orchestrator
+
+    _, log = canned
+    cfg = config(tmp_path, max_steps=1)
+    asyncio.run(Orchestrator(cfg).run(start=1))
+    assert not [e for e in log if e[0] == "load_weights"], "no weights in the folder: nothing to load"
+    assert "inference servers were not reset to the base model" in capsys.readouterr().out
+
+    (tmp_path / "tok" / "model.safetensors").write_bytes(b"")  # the folder holds the base model's weights
+    for start, expected in ((1, [(u, 0, str(tmp_path / "tok")) for u in URLS]), (2, None)):
+        log.clear()
+        cfg = config(tmp_path, max_steps=start, output_dir=str(tmp_path / f"out{start}"))
+        if start == 2:  # resumed: the policy of step 1 is published
+            published = publish(cfg.output_dir, 1)
+            expected = [(u, 1, str(published)) for u in URLS]
+        orchestrator = Orchestrator(cfg)
+        asyncio.run(orchestrator.run(start=start))
+        loads = [e[1:] for e in log if e[0] == "load_weights"]
+        assert sorted(loads) == sorted(expected)
+        first = next(i for i, e in enumerate(log) if e[0] == "sample")
+        assert all(i < first for i, e in enumerate(log) if e[0] == "load_weights"), "loaded before any sample"
+    assert "loaded the base model (policy v0) into 2 inference server(s)" in capsys.readouterr().out
+
+
 def test_batch_format_json_writes_readable_batches_the_trainer_reads_alike(canned, tmp_path):
     from prime_core.orchestrator.role import Orchestrator
 

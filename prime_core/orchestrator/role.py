@@ -23,7 +23,9 @@ teacher instead (the policy's servers still serve evaluations and take each new 
 Asynchrony: every group remembers the policy version it was sampled with. The batch of step
 N is handed over only once policy ``N-1-async_level`` is loaded for inference, and groups
 whose lag ``(N-1) - version`` exceeds ``max_off_policy_steps`` are dropped and counted. New
-weights published by the trainer are loaded into every replica as soon as they appear.
+weights published by the trainer are loaded into every replica as soon as they appear. A run
+that starts from scratch first loads the base model into every replica (policy v0): servers the
+run did not start may still serve an earlier run's policy.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from prime_core.errors import ConfigError, PrimeError
+from prime_core.hub import model_folder
 from prime_core.inference.client import SampleRequest
 from prime_core.metrics import METRICS_FILE, MetricsLogger, drop_steps_from
 from prime_core.orchestrator import filters
@@ -157,6 +160,24 @@ class Orchestrator:
         self.pool.wait_healthy()
         if self.teacher is not None:
             self.teacher.wait_healthy()
+
+    async def load_base_weights(self) -> None:
+        """Serve the base model (policy v0) on every replica, as prime-rl resets its servers
+        before a run from scratch; without weights of it here, say so and go on (the servers
+        started by this run serve it already, others were started with it or by another run)."""
+        name = self.config.model.name
+        try:
+            folder = model_folder(name, download=False)
+        except Exception:  # a hub id without a snapshot here: the servers may have theirs
+            folder = None
+        if folder is None or not any(folder.glob("*.safetensors")):
+            print(f"note: no weights of {name} here, so the inference servers were not reset to the base model: "
+                  "if one served another run's policy, restart it", flush=True)
+            return
+        async with self._load_lock:
+            notes = await self.pool.fan_out(lambda client: client.load_weights(0, str(folder)))
+            self.loaded = (0, str(folder))
+        print(f"loaded the base model (policy v0) into {len(notes)} inference server(s)", flush=True)
 
     async def load_newest_weights(self, minimum: int = 0) -> None:
         async with self._load_lock:  # one load at a time; a caller that waited looks again
@@ -328,6 +349,8 @@ class Orchestrator:
         self.window = _Window()
         self.pool.start_monitor()
         try:
+            if start == 1:
+                await self.load_base_weights()
             await self.load_newest_weights(minimum=start - 1)
             if self.probe is None:
                 self.probe = await self.probe_logprob()

@@ -7,8 +7,9 @@ from pathlib import Path
 import torch
 
 from prime_core.config.shared import local_folder_missing
+from prime_core.hub import model_folder
 from prime_plugin_custom import families
-from prime_plugin_custom.checkpoint import load_hf_weights, resolve_folder
+from prime_plugin_custom.checkpoint import load_hf_weights
 from prime_plugin_custom.layers import sdpa_attention
 from prime_plugin_custom.model import CausalLM
 
@@ -80,7 +81,7 @@ def build(model_config, *, device: str = "cpu") -> CausalLM:
         model.init_buffers()
         model.generation_config = generation_config(Path(name).expanduser())
         return model
-    folder = resolve_folder(name)
+    folder = model_folder(name)
     model.to_empty(device="cpu")
     load_hf_weights(model, folder)
     model.generation_config = generation_config(folder)

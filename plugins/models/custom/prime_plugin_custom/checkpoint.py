@@ -20,16 +20,6 @@ SHARD_BYTES = 5 * 1024**3
 _IGNORED = (".rotary_emb.inv_freq",)
 
 
-def resolve_folder(name: str) -> Path:
-    """A local folder as is; a hub id through the local cache (``HF_HUB_OFFLINE`` permitting)."""
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return path
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors"]))
-
-
 def weight_files(folder: Path) -> list[Path]:
     if (folder / INDEX).is_file():
         shards = sorted(set(json.loads((folder / INDEX).read_text())["weight_map"].values()))
