@@ -278,14 +278,16 @@ def test_prime_eval_on_a_running_server(tool_model, server, tmp_path):
     assert "calculator: avg@4" in result.stdout
 
 
-def test_tool_example_learns_to_call_the_tool_with_eval_and_on_policy_samples(tool_model, server, tmp_path):
+def test_tool_example_learns_to_call_the_tool_with_eval_and_on_policy_samples(tool_model, server, tmp_path,
+                                                                              installed_plugins):
     """The tool example's RL run (shortened), on the module's server: every step trains, eval
     records appear at steps 0, interval and the last step, the first step trains on vLLM's own
     log-probabilities (mismatch KL ~ 0), and the policy learns to call the tool: tool calls per
     sample and the reward rise (0.29 -> 0.95 and 0.23 -> 0.65 in the example's first 20 steps;
     0.26 -> 0.77 and 0.24 -> 0.58 from steps 1-2 to 8-10 of this test in one run; the margins
     asked leave several times the noise of these means at batch 64). examples/tools/report.py
-    reads the run. Runs last: it loads new weights into the server."""
+    reads the run. Then the server serves step 10's policy, and a new run from scratch on it
+    samples from the base model again (its probe is the first run's first)."""
     out, steps = tmp_path / "rl", 10
     prime("run", str(EXAMPLE / "rl.toml"), "--model.name", str(tool_model), "--output-dir", str(out),
           "--no-inference", "--orchestrator.client.base-url", server, "--max-steps", str(steps),
@@ -306,3 +308,16 @@ def test_tool_example_learns_to_call_the_tool_with_eval_and_on_policy_samples(to
     report = subprocess.run([sys.executable, str(EXAMPLE / "report.py"), str(out)], capture_output=True, text=True,
                             check=True).stdout
     assert "sampled reward: first" in report and "eval at step 10:" in report
+
+    from prime_core.orchestrator.config import OrchestratorConfig
+    from prime_core.orchestrator.role import Orchestrator
+
+    again = tmp_path / "again"
+    config = OrchestratorConfig.model_validate({
+        "model": {"name": str(tool_model)}, "output_dir": str(again), "client": {"base_url": [server]},
+        "env": [{"id": "calculator", "args": {"digits": 3, "operations": "+"}}], "batch_size": 8,
+        "rollouts_per_example": 8, "max_steps": 1, "seq_len": 512, "rollout": {"tool_parser": "hermes"}})
+    asyncio.run(Orchestrator(config).run(start=1))
+    probes = [orchestrator[0]["probe_logprob"], records(again, "orchestrator")[0]["probe_logprob"],
+              orchestrator[-1]["probe_logprob"]]
+    assert probes[1] == pytest.approx(probes[0], abs=1e-4) and abs(probes[2] - probes[0]) > 1e-3, probes
