@@ -26,6 +26,7 @@ import pytest
 from prime_core import hookimpl
 from prime_core.orchestrator.batch import batch_file, read_batch
 from prime_core.orchestrator.tools import Tool
+from prime_core.testing import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tools"
@@ -43,14 +44,6 @@ def prime(*args: str, timeout: float = 900, check: bool = True) -> subprocess.Co
     if check and result.returncode != 0:
         raise AssertionError(f"prime {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
     return result
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def records(out: Path, role: str) -> list[dict]:
@@ -77,7 +70,7 @@ def tool_model(tmp_path_factory) -> Path:
 def server(tool_model, tmp_path_factory):
     """``prime inference`` on the tool model, for the whole module."""
     out = tmp_path_factory.mktemp("server")
-    port = free_port()
+    port = free_ports(1)
     command = [sys.executable, "-m", "prime_core", "inference", "--model.name", str(tool_model),
                "--model.dtype", "float32", "--model.enforce-eager", "--model.max-model-len", "512",
                "--server.port", str(port), "--output-dir", str(out), "--startup-timeout", "300"]

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from prime_core.plugins import PluginManager, set_plugin_manager
+from prime_core.testing import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 RL = str(ROOT / "examples" / "cpu" / "rl.toml")
@@ -322,14 +323,6 @@ HOLD = textwrap.dedent("""
 """)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def fill(text: str, paths: dict) -> str:
     for key, value in paths.items():
         text = text.replace(f"{{{key}}}", str(value))
@@ -359,7 +352,7 @@ def test_bad_input_is_refused_clearly_and_changes_nothing(case, tmp_path, model,
     for name in ("PRIME_DISABLED_PLUGINS", "PRIME_ROLE_PROCESS", "PRIME_LAUNCHER"):
         monkeypatch.delenv(name, raising=False)
     paths = {"tmp": tmp_path, "out": tmp_path / "out", "model": tmp_path / "model", "data": tmp_path / "data.jsonl",
-             "port": free_port()}
+             "port": free_ports(1)}
     shutil.copytree(model, paths["model"])
     _write(paths["data"], "".join(json.dumps({"messages": [{"role": "user", "content": f"{a}+{a}"},
                                                            {"role": "assistant", "content": str(2 * a)}]}) + "\n"

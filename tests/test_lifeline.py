@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from prime_core.launch import lifeline
+from prime_core.testing import free_ports
 
 LAUNCHER = textwrap.dedent("""
     import sys
@@ -80,12 +81,6 @@ def port_bound(port: int) -> bool:
     return False
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def wait_for(what: str, condition, timeout: float) -> float:
     start = time.monotonic()
     while not condition():
@@ -98,7 +93,7 @@ def wait_for(what: str, condition, timeout: float) -> float:
 def test_every_role_and_rank_dies_with_the_launcher(tmp_path, sig):
     (tmp_path / "launcher.py").write_text(LAUNCHER)
     (tmp_path / "worker.py").write_text(WORKER)
-    port = free_port()
+    port = free_ports(1)
     launcher = subprocess.Popen([sys.executable, str(tmp_path / "launcher.py"), str(tmp_path), str(port),
                                  str(tmp_path / "worker.py")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     roles: set[int] = set()

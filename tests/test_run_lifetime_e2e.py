@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from prime_core.launch import lifeline
+from prime_core.testing import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "cpu" / "rl.toml"
@@ -25,12 +26,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/install.sh)"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def listening(port: int) -> bool:
@@ -95,7 +90,7 @@ def cleanup(pids: set[int]) -> None:
 def test_prime_run_killed_leaves_no_role_and_no_port(model, tmp_path, sig):
     """Inference (vLLM: its API server, engine and worker), the orchestrator and a trainer of two
     torchrun ranks, all started by `prime run`, end with it."""
-    port, out = free_port(), tmp_path / "rl"
+    port, out = free_ports(1), tmp_path / "rl"
     run = start_run(model, out, port, "--deployment.num-train-gpus", "2")
     roles: set[int] = set()
     try:
@@ -116,7 +111,7 @@ def test_prime_run_killed_leaves_no_role_and_no_port(model, tmp_path, sig):
 def test_a_dead_vllm_server_is_named_with_its_own_log(model, tmp_path):
     """vLLM's API server killed mid-run: the run stops, blaming inference (not the orchestrator
     its death left without answers), with vLLM's log; no process remains."""
-    port, out = free_port(), tmp_path / "rl"
+    port, out = free_ports(1), tmp_path / "rl"
     run = start_run(model, out, port)
     roles: set[int] = set()
     try:

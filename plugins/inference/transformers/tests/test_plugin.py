@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from prime_core.errors import PrimeError
+from prime_core.testing import free_ports
 
 pytest_plugins = ["prime_core.testing"]
 
@@ -191,14 +192,6 @@ def test_prime_varlen_turns_on_cuda_graphs_and_async_batching_unless_args_say_ot
     assert "use_cuda_graph" not in out and "use_async_batching" not in out
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     from prime_core.testing.chat import chat_tokenizer
@@ -241,7 +234,7 @@ def test_a_model_that_cannot_load_fails_the_start_with_the_log(tmp_path):
     save_file({"weight": torch.zeros(2)}, str(folder / "model.safetensors"))
     chat_tokenizer().save_pretrained(folder)
     config = load_config("inference", ["--model.name", str(tmp_path / "not-a-model"), "--backend", "transformers",
-                                       "--server.port", str(free_port()), "--output-dir", str(tmp_path)])
+                                       "--server.port", str(free_ports(1)), "--output-dir", str(tmp_path)])
     server = TransformersServer(config)
     server.start()
     try:

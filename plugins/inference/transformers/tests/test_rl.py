@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from prime_core.testing import free_ports
+
 pytestmark = pytest.mark.slow
 
 CONFIG = """
@@ -48,12 +50,6 @@ max_model_len = 256
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def prime(*args: str, hide_vllm: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PRIME_DISABLED_PLUGINS": "vllm" if hide_vllm else ""}
     return subprocess.run([sys.executable, "-m", "prime_core", *args], capture_output=True, text=True, env=env,
@@ -65,7 +61,7 @@ def test_a_short_rl_run_samples_what_the_trainer_computes_and_updates_inference(
     """``nccl`` (gloo here) is prime-plugin-vllm's transport: that plugin stays, and the backend is named."""
     if transport == "nccl":
         pytest.importorskip("prime_plugin_vllm", reason="the nccl transport is prime-plugin-vllm's")
-    model, out, port = tmp_path / "model", tmp_path / "rl", free_port()
+    model, out, port = tmp_path / "model", tmp_path / "rl", free_ports(1)
     assert prime("model", "tiny", str(model), "--hidden-size", "128", "--num-layers", "2").returncode == 0
     (tmp_path / "rl.toml").write_text(CONFIG)
     backend = ["--inference.backend", "transformers"] if transport == "nccl" else []

@@ -17,12 +17,7 @@ import pytest
 
 from prime_core.errors import PrimeError
 from prime_core.inference.client import SampleRequest
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from prime_core.testing import free_ports
 
 
 def port_is_free(port: int) -> bool:
@@ -41,7 +36,7 @@ def role(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("server")
     model = build_tiny(root / "model", hidden_size=64, num_layers=2, dtype="float32")
-    port, out = free_port(), root / "out"
+    port, out = free_ports(1), root / "out"
     stdout = open(root / "stdout.txt", "w+")  # noqa: SIM115 - closed at the end of the module
     proc = subprocess.Popen([sys.executable, "-m", "prime_core", "inference", "--model.name", str(model),
                              "--model.dtype", "float32", "--server.port", str(port), "--output-dir", str(out)],

@@ -9,7 +9,6 @@ talks to and that the last test stops with SIGTERM. Each takes 30-50 s to start 
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ import pytest
 from prime_core.config.checks import schema_for
 from prime_core.errors import PrimeError
 from prime_core.orchestrator.batch import batch_file, read_batch
+from prime_core.testing import free_ports
 from prime_core.testing.contracts.inference_backend import InferenceBackendContract
 
 KEY = "prime-test-key-4f1d2c"
@@ -34,12 +34,6 @@ pytest_plugins = ["prime_core.testing"]
 
 STARTUP_TIMEOUT = 300
 PROMPT = [17, 42, 99, 5, 64, 120, 7, 33]  # token ids: the byte-level tokenizer has 320
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def sandbox_env(root: Path) -> dict[str, str]:
@@ -92,7 +86,7 @@ def test_never_healthy_server_times_out_and_is_stopped(tiny, vllm_sandbox):
 
     config = schema_for("inference").model_validate({
         "model": {"name": str(tiny), "dtype": "float32", "enforce_eager": True},
-        "server": {"port": free_port()}, "output_dir": str(vllm_sandbox / "never"),
+        "server": {"port": free_ports(1)}, "output_dir": str(vllm_sandbox / "never"),
     })
     server = VLLMServer(config)
     server.start()
@@ -134,7 +128,7 @@ class Role:
 @pytest.fixture(scope="module")
 def role(tiny, vllm_sandbox):
     out = vllm_sandbox / "run"
-    port = free_port()
+    port = free_ports(1)
     command = [sys.executable, "-m", "prime_core", "inference", "--model.name", str(tiny),
                "--model.dtype", "float32", "--model.enforce-eager", "--model.max-model-len", "256",
                "--server.port", str(port), "--output-dir", str(out), "--startup-timeout", str(STARTUP_TIMEOUT),
