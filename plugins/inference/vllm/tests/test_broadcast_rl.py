@@ -69,7 +69,7 @@ class LongRequests(threading.Thread):
 
 
 def test_rl_with_weights_broadcast_over_gloo_into_two_vllm_replicas(tmp_path):
-    model, out, steps = tmp_path / "tiny", tmp_path / "rl", 6
+    model, out, steps = tmp_path / "tiny", tmp_path / "rl", 4
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     subprocess.run([sys.executable, "-m", "prime_core", "model", "tiny", str(model), "--hidden-size", "128",
                     "--num-layers", "2"], check=True, capture_output=True, env=env)

@@ -106,14 +106,15 @@ def test_rl_behind_vllm_router_learns_on_both_engines_and_goes_on_without_a_dead
     assert orchestrator[-1]["replicas_up"] == 1 and all(s[1] > 0 for s in served[-3:]), served
     assert sum(r["env_errors"] + r["failed_groups"] for r in orchestrator) == 0, "no rollout was lost"
 
-    # Every version reached each engine alive (straight, not through the router).
+    # The base model, then every version, reached each engine alive (straight, not through the router).
     log = (out / "logs" / "orchestrator.log").read_text()
+    assert "loaded the base model (policy v0) into 2 inference server(s)" in log
     loads = re.findall(r"loaded policy v(\d+) into (\d) inference server", log)
     assert [int(v) for v, _ in loads] == list(range(1, len(loads) + 1)) and len(loads) >= steps - 3, loads
     both = sum(n == "2" for _, n in loads)
     assert both >= kill_at - 3 and {n for _, n in loads[both:]} == {"1"}, loads
     updates = {p: (out / "logs" / f"vllm-{p}.log").read_text().count("POST /collective_rpc") for p in (alive, dead)}
-    assert updates[alive] == len(loads) and both <= updates[dead] <= both + 1, (updates, loads)
+    assert updates[alive] == 1 + len(loads) and 1 + both <= updates[dead] <= 2 + both, (updates, loads)
     assert "/collective_rpc" not in (out / "logs" / "vllm-router.log").read_text()
 
     # The router kept a session on one engine: the probe's requests, one per version.
