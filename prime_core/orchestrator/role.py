@@ -162,13 +162,13 @@ class Orchestrator:
             self.teacher.wait_healthy()
 
     async def load_base_weights(self) -> None:
-        """Serve the base model (policy v0) on every replica, as prime-rl resets its servers
-        before a run from scratch; without weights of it here, say so and go on (the servers
-        started by this run serve it already, others were started with it or by another run)."""
+        """Serve the base model (policy v0) on every replica before a run from scratch samples,
+        as prime-rl resets its servers: one this run did not start may serve an earlier run's
+        policy. Without the base model's weights here, say so and go on."""
         name = self.config.model.name
         try:
             folder = model_folder(name, download=False)
-        except Exception:  # a hub id without a snapshot here: the servers may have theirs
+        except (OSError, ValueError):  # a hub id not in this machine's cache (the servers' may hold it)
             folder = None
         if folder is None or not any(folder.glob("*.safetensors")):
             print(f"note: no weights of {name} here, so the inference servers were not reset to the base model: "
