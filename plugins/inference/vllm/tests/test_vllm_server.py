@@ -465,8 +465,9 @@ def test_client_loads_full_weights_and_rotates_lora_adapters(role, admin, tiny, 
 def test_orchestrator_runs_on_a_backend_registered_in_process(role, admin, tiny, tmp_path, register_plugin,
                                                              monkeypatch):
     """The orchestrator with a backend named ``wrapped`` (the real vLLM client, counting its
-    calls) on two replica URLs of this server: sampling alternates between them, new weights
-    reach both, and nothing in the orchestrator depends on the backend's name."""
+    calls) on two replica URLs of this server: sampling alternates between them, the base model
+    and then new weights reach both, and nothing in the orchestrator depends on the backend's
+    name."""
     import asyncio
     import json
 
@@ -516,7 +517,7 @@ def test_orchestrator_runs_on_a_backend_registered_in_process(role, admin, tiny,
         asyncio.run(orchestrator.run(start=1))
     finally:
         admin.update_weights(tiny)  # later tests expect the original weights
-    assert [calls.count(("load_weights", u)) for u in urls] == [1, 1], "new weights on every replica"
+    assert [calls.count(("load_weights", u)) for u in urls] == [2, 2], "the base model, then v1, on every replica"
     sampled = [u for kind, u in calls if kind == "sample"]
     # each rollout is its own request (an episode): 2 steps x 4 groups x 2 rollouts, round robin
     assert [sampled.count(u) for u in urls] == [1 + 8, 8], "the probe on the first, then alternating"
