@@ -183,16 +183,14 @@ def test_a_run_from_scratch_serves_the_base_model_first_and_a_resumed_one_does_n
     assert "inference servers were not reset to the base model" in capsys.readouterr().out
 
     (tmp_path / "tok" / "model.safetensors").write_bytes(b"")  # the folder holds the base model's weights
-    for start, expected in ((1, [(u, 0, str(tmp_path / "tok")) for u in URLS]), (2, None)):
+    fresh = config(tmp_path, max_steps=1, output_dir=str(tmp_path / "fresh"))
+    resumed = config(tmp_path, max_steps=2, output_dir=str(tmp_path / "resumed"))
+    published = publish(resumed.output_dir, 1)
+    for cfg, start, (step, path) in ((fresh, 1, (0, tmp_path / "tok")), (resumed, 2, (1, published))):
         log.clear()
-        cfg = config(tmp_path, max_steps=start, output_dir=str(tmp_path / f"out{start}"))
-        if start == 2:  # resumed: the policy of step 1 is published
-            published = publish(cfg.output_dir, 1)
-            expected = [(u, 1, str(published)) for u in URLS]
-        orchestrator = Orchestrator(cfg)
-        asyncio.run(orchestrator.run(start=start))
+        asyncio.run(Orchestrator(cfg).run(start=start))
         loads = [e[1:] for e in log if e[0] == "load_weights"]
-        assert sorted(loads) == sorted(expected)
+        assert sorted(loads) == [(u, step, str(path)) for u in sorted(URLS)], "v0 from scratch; resumed: v1 only"
         first = next(i for i, e in enumerate(log) if e[0] == "sample")
         assert all(i < first for i, e in enumerate(log) if e[0] == "load_weights"), "loaded before any sample"
     assert "loaded the base model (policy v0) into 2 inference server(s)" in capsys.readouterr().out
