@@ -12,12 +12,15 @@ few contiguous runs of the row (``cp_indices``: chunks ``r`` and ``2 cp âˆ’ 1 âˆ
   the start of the query run connects them, and it sees every key (no mask);
 - keys after the queries: nothing.
 
-The parts of a block are merged by log-sum-exp like the ring's blocks. The backward pass calls
-flash's backward per part with the ring's final output and log-sum-exp (so each part's
-probabilities are the full softmax's, as the eager kernel's recomputation has them) and adds
-the parts' gradients in float32. Any other pattern (runs that partly overlap) goes to the eager
-kernel. The plan of every block (the runs and samples, one host sync) is made once per ring
-call by ``prepare`` and reused by the backward pass.
+Neighbouring calls that the spanning sample connects are then joined into one (``coalesce``),
+so that under the zigzag split every block is at most two calls on disjoint query rows: their
+outputs need no merge and the query gradients no sum. Where parts do share rows, their outputs
+merge by log-sum-exp like the ring's blocks and their gradients add in float32. The backward
+pass calls flash's backward per part with the ring's final output and log-sum-exp (so each
+part's probabilities are the full softmax's, as the eager kernel's recomputation has them). Any
+other pattern (runs that partly overlap) goes to the eager kernel. The plan of every block (the
+runs and samples, one host sync) is made by ``prepare`` once per packing (``ring.layout``) and
+serves every layer, forward and backward.
 """
 
 from __future__ import annotations
@@ -109,7 +112,51 @@ def plan_block(queries: list[Run], keys: list[Run]) -> list[Part] | None:
                                       (0, k_last[1] - k_last[0]), causal=False))
             else:
                 return None
-    return parts
+    return coalesce(parts)
+
+
+def coalesce(parts: list[Part]) -> list[Part]:
+    """The same attention in fewer flash calls: neighbouring parts that one varlen call can
+    run together are joined (``_join``), so their outputs need no merge and their gradients no
+    sum."""
+    done: list[Part] = []
+    for part in parts:
+        joined = _join(done[-1], part) if done else None
+        if joined is None:
+            done.append(part)
+        else:
+            done[-1] = joined
+    return done
+
+
+def _join(a: Part, b: Part) -> Part | None:
+    """One part doing what ``a`` then ``b`` do, or ``None``. Three shapes arise under the
+    zigzag split, each because one sample spans both parts' keys (or queries):
+
+    - the same queries, every key of both (unmasked) and the keys adjacent: one unmasked call
+      over both key ranges;
+    - the same keys (unmasked) and the queries adjacent: one unmasked call over both query
+      ranges;
+    - ``a`` the spanning sample's queries over its earlier keys (unmasked), ``b`` the causal
+      run whose first sequence is those queries, its keys right after ``a``'s: one causal
+      call whose first sequence has the earlier keys in front. Flash aligns a causal mask to
+      the bottom right when a sequence has more keys than queries, so those queries see
+      every earlier key and the rest causally."""
+    single = len(a.cu_q) == 2 and len(a.cu_k) == 2
+    if a.causal or not single:
+        return None
+    if not b.causal and len(b.cu_q) == 2 and len(b.cu_k) == 2:
+        if a.q == b.q and a.k[1] == b.k[0]:
+            keys = b.k[1] - a.k[0]
+            return Part(a.q, (a.k[0], b.k[1]), a.cu_q, (0, keys), causal=False)
+        if a.k == b.k and a.q[1] == b.q[0]:
+            queries = b.q[1] - a.q[0]
+            return Part((a.q[0], b.q[1]), a.k, (0, queries), a.cu_k, causal=False)
+        return None
+    if b.causal and a.q == (b.q[0], b.q[0] + b.cu_q[1]) and a.k[1] == b.k[0] and b.cu_q == b.cu_k:
+        extra = a.k[1] - a.k[0]
+        return Part(b.q, (a.k[0], b.k[1]), b.cu_q, (0, *(c + extra for c in b.cu_k[1:])), causal=True)
+    return None
 
 
 def prepare(meta, rank: int) -> list[list[Part] | None]:
@@ -200,52 +247,86 @@ def make_kernel(calls=FlashBlocks) -> BlockKernel:
     def forward(q, k, v, q_index, q_seg, k_index, k_seg, scale, *, plan=None):
         if plan is None:
             return block_forward(q, k, v, q_index, q_seg, k_index, k_seg, scale)
-        import torch
-
         from prime_plugin_cp.ring import merge
 
-        acc = acc_dtype(q.dtype)
-        out = torch.zeros(q.shape, dtype=acc, device=q.device)
-        lse = torch.full(q.shape[:2], float("-inf"), dtype=acc, device=q.device)
-        touched = _Touched()
-        for part in plan:
-            (qa, qb), (ka, kb) = part.q, part.k
-            part_out, part_lse = calls.forward(q[qa:qb], k[ka:kb], v[ka:kb], part, scale)
-            if touched.first(qa, qb):  # nothing there yet: merging with (0, -inf) is a copy
+        results = [calls.forward(q[p.q[0]:p.q[1]], k[p.k[0]:p.k[1]], v[p.k[0]:p.k[1]], p, scale) for p in plan]
+        if len(plan) == 1 and plan[0].q == (0, q.shape[0]):  # one call gave every row: nothing to add
+            return results[0][0], results[0][1].t()
+        # Parts on rows no other part writes keep flash's output dtype (copies, no rounding);
+        # only rows two parts share are merged, in the accumulation dtype.
+        ranges = [p.q for p in plan]
+        shared = _overlapping(ranges)
+        out = _buffer(q.shape, acc_dtype(q.dtype) if shared else q.dtype, ranges, shared, q.device, 0.0)
+        lse = _buffer(q.shape[:2], acc_dtype(q.dtype), ranges, shared, q.device, float("-inf"))
+        written = _Touched()
+        for part, (part_out, part_lse) in zip(plan, results, strict=True):
+            (qa, qb) = part.q
+            if written.first(qa, qb):
                 out[qa:qb].copy_(part_out)
                 lse[qa:qb].copy_(part_lse.t())
             else:
-                merge(out[qa:qb], lse[qa:qb], part_out.to(acc), part_lse.t().to(acc))
+                merge(out[qa:qb], lse[qa:qb], part_out.to(out.dtype), part_lse.t().to(lse.dtype))
         return out, lse
 
     def backward(dout, q, k, v, lse, delta, q_index, q_seg, k_index, k_seg, scale, *, out=None, plan=None):
         if plan is None or out is None:
             return block_backward(dout, q, k, v, lse, delta, q_index, q_seg, k_index, k_seg, scale)
-        import torch
-
-        acc = acc_dtype(q.dtype)
-        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-        dk = torch.zeros(k.shape, dtype=acc, device=q.device)
-        dv = torch.zeros(v.shape, dtype=acc, device=q.device)
         lse_t = lse.t()  # the accumulation dtype: float32 for flash's bf16/fp16
-        q_touched, k_touched = _Touched(), _Touched()
-        for part in plan:
-            (qa, qb), (ka, kb) = part.q, part.k
-            grads = calls.backward(dout[qa:qb].contiguous(), q[qa:qb], k[ka:kb], v[ka:kb], out[qa:qb].contiguous(),
-                                   lse_t[:, qa:qb].contiguous(), part, scale)
-            _add_or_copy(dq[qa:qb], grads[0], q_touched.first(qa, qb))
-            first_k = k_touched.first(ka, kb)
-            _add_or_copy(dk[ka:kb], grads[1], first_k)
-            _add_or_copy(dv[ka:kb], grads[2], first_k)
+        grads = [calls.backward(dout[p.q[0]:p.q[1]], q[p.q[0]:p.q[1]], k[p.k[0]:p.k[1]], v[p.k[0]:p.k[1]],
+                                out[p.q[0]:p.q[1]], lse_t[:, p.q[0]:p.q[1]].contiguous(), p, scale) for p in plan]
+        if len(plan) == 1 and plan[0].q == (0, q.shape[0]) and plan[0].k == (0, k.shape[0]):
+            return grads[0]
+        dq = _gathered(q, [p.q for p in plan], [g[0] for g in grads])
+        dk = _gathered(k, [p.k for p in plan], [g[1] for g in grads])
+        dv = _gathered(v, [p.k for p in plan], [g[2] for g in grads])
         return dq, dk, dv
 
     return BlockKernel(forward=forward, backward=backward, prepare=prepare)
 
 
+def _overlapping(ranges: list[tuple[int, int]]) -> bool:
+    ordered = sorted(ranges)
+    return any(b > c for (_, b), (c, _) in zip(ordered, ordered[1:], strict=False))
+
+
+def _buffer(shape, dtype, ranges: list[tuple[int, int]], shared: bool, device, fill: float):
+    """A ``shape`` tensor holding ``fill`` wherever no part will copy its result first: every
+    row when some parts share rows (a part may then merge into rows nobody wrote yet), else
+    only the rows outside every range (filling the others would be a wasted pass)."""
+    import torch
+
+    if shared:
+        return torch.full(shape, fill, dtype=dtype, device=device)
+    buffer = torch.empty(shape, dtype=dtype, device=device)
+    start = 0
+    for a, b in sorted(ranges):
+        if a > start:
+            buffer[start:a].fill_(fill)
+        start = max(start, b)
+    if start < shape[0]:
+        buffer[start:].fill_(fill)
+    return buffer
+
+
+def _gathered(like, ranges: list[tuple[int, int]], values):
+    """The parts' gradients ``values`` placed at their ``ranges`` of a tensor shaped ``like``
+    (zero elsewhere): kept in their own dtype where no two parts share rows, summed in the
+    accumulation dtype where they do."""
+    shared = _overlapping(ranges)
+    into = _buffer(like.shape, acc_dtype(like.dtype) if shared else like.dtype, ranges, shared, like.device, 0.0)
+    written = _Touched()
+    for (a, b), value in zip(ranges, values, strict=True):
+        if written.first(a, b):
+            into[a:b].copy_(value)
+        else:
+            into[a:b] += value
+    return into
+
+
 class _Touched:
     """Which local token ranges of a block's result some part has written: a part landing on
-    rows nobody wrote copies its result there (one pass) instead of merging or adding into the
-    zeros (three to six passes over float32 rows)."""
+    rows nobody wrote copies its result there (one pass) instead of merging or adding into
+    filled rows (three to six passes)."""
 
     def __init__(self):
         self.ranges: list[tuple[int, int]] = []
@@ -254,13 +335,6 @@ class _Touched:
         fresh = all(end <= a or b <= start for a, b in self.ranges)
         self.ranges.append((start, end))
         return fresh
-
-
-def _add_or_copy(into, value, first: bool) -> None:
-    if first:
-        into.copy_(value)
-    else:
-        into += value
 
 
 FLASH = make_kernel()

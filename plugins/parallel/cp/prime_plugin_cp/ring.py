@@ -35,8 +35,23 @@ def ring_attention(q, k, v, packing, scale, group, *, kernel=EAGER):
     if q.shape[1] % k.shape[1] or k.shape != v.shape or q.shape[0] != k.shape[0]:
         raise ValueError(f"ring attention needs q [L, Hq, D] and k, v [L, Hkv, D] with Hq a multiple of Hkv; "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    return _function().apply(q, k, v, packing.index.reshape(-1), packing.segment_ids.reshape(-1),
-                             float(scale), group, kernel)
+    q_index, q_seg = packing.index.reshape(-1), packing.segment_ids.reshape(-1)
+    return _function().apply(q, k, v, q_index, q_seg, float(scale), group, kernel,
+                             layout(packing, q_index, q_seg, group, kernel))
+
+
+def layout(packing, q_index, q_seg, group, kernel):
+    """``(meta, live, plans)`` of this packing on ``group``: every rank's positions, the blocks
+    these queries may attend, and the kernel's plans. The same for every layer, so they are
+    made once per packing (one all-gather and one host sync per step, not per layer) and kept
+    in ``packing.cache``."""
+    key = ("cp_ring", group, kernel)
+    if key not in packing.cache:
+        rank, _ = rank_and_size(group)
+        meta = gather_packing(q_index, q_seg, group)
+        plans = kernel.prepare(meta, rank) if kernel.prepare is not None else None
+        packing.cache[key] = (meta, live_blocks(meta, q_index, q_seg), plans)
+    return packing.cache[key]
 
 
 def live_blocks(meta, q_index, q_seg) -> list[bool]:
@@ -66,15 +81,12 @@ def _pass_on(kv, step: int, size: int, group):
     return shift(kv, incoming, group, tag=_KV_TAG), incoming
 
 
-def ring_forward(q, kv, q_index, q_seg, scale, group, kernel):
-    """``(out [L, Hq, D] in the accumulation dtype, lse [L, Hq], meta, live, plans)`` for this
-    rank's queries and keys/values ``kv [2, L, Hkv, D]``."""
+def ring_forward(q, kv, q_index, q_seg, scale, group, kernel, meta, live, plans):
+    """``(out [L, Hq, D], lse [L, Hq])`` in the accumulation dtype for this rank's queries and
+    keys/values ``kv [2, L, Hkv, D]``, given the ring's ``layout``."""
     import torch
 
     rank, size = rank_and_size(group)
-    meta = gather_packing(q_index, q_seg, group)
-    live = live_blocks(meta, q_index, q_seg)
-    plans = kernel.prepare(meta, rank) if kernel.prepare is not None else None
     acc = acc_dtype(q.dtype)
     out = torch.zeros(q.shape, dtype=acc, device=q.device)
     lse = torch.full(q.shape[:2], float("-inf"), dtype=acc, device=q.device)
@@ -88,7 +100,7 @@ def ring_forward(q, kv, q_index, q_seg, scale, group, kernel):
             merge(out, lse, block_out, block_lse)
         wait(pending)
         kv = incoming
-    return out, lse, meta, live, plans
+    return out, lse
 
 
 def ring_backward(dout, q, kv, out, lse, q_index, q_seg, meta, live, scale, group, kernel, plans=None):
@@ -127,9 +139,10 @@ def _function():
 
     class RingAttention(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, q_index, q_seg, scale, group, kernel):
+        def forward(ctx, q, k, v, q_index, q_seg, scale, group, kernel, layout):
             kv = torch.stack([k, v])  # one message per ring step
-            out, lse, meta, live, plans = ring_forward(q, kv, q_index, q_seg, scale, group, kernel)
+            meta, live, plans = layout
+            out, lse = ring_forward(q, kv, q_index, q_seg, scale, group, kernel, meta, live, plans)
             out = out.to(q.dtype)
             ctx.save_for_backward(q, kv, out, lse, q_index, q_seg, meta)
             ctx.live, ctx.scale, ctx.group, ctx.kernel, ctx.plans = live, scale, group, kernel, plans
@@ -142,6 +155,6 @@ def _function():
             dq, dk, dv = ring_backward(dout.contiguous(), q, kv, out, lse, q_index, q_seg, meta, ctx.live,
                                        ctx.scale, ctx.group, ctx.kernel, ctx.plans)
             k_dtype, v_dtype = ctx.kv_dtypes
-            return dq.to(q.dtype), dk.to(k_dtype), dv.to(v_dtype), None, None, None, None, None
+            return dq.to(q.dtype), dk.to(k_dtype), dv.to(v_dtype), None, None, None, None, None, None
 
     return RingAttention

@@ -39,17 +39,13 @@ def ulysses_attention(q, k, v, packing, scale, group, inner):
     with the same number of tokens."""
     import torch
 
-    from prime_core.trainer.packing import Packing
-
     _, size = rank_and_size(group)
     length, q_heads, dim = q.shape
     repeat = kv_repeat(q_heads, k.shape[1], size)
     if repeat > 1:
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
     hq, hkv = q_heads // size, k.shape[1] // size
-    meta = gather_packing(packing.index, packing.segment_ids, group)  # [n, 2, L]
-    order = torch.argsort(meta[:, 0].reshape(-1), stable=True)
-    restore = torch.argsort(order)
+    order, restore, whole = whole_row(packing, group)
 
     # [L, n, heads of rank j, D] -> slice j goes to rank j.
     mixed = torch.cat([q.reshape(length, size, hq, dim), k.reshape(length, size, hkv, dim),
@@ -57,9 +53,26 @@ def ulysses_attention(q, k, v, packing, scale, group, inner):
     rows = all_to_all(mixed.transpose(0, 1), group).reshape(size * length, hq + 2 * hkv, dim)
     rows = rows.index_select(0, order)
     q_rows, k_rows, v_rows = rows.split([hq, hkv, hkv], dim=1)
-    total = size * length
-    whole = Packing(segment_ids=meta[:, 1].reshape(-1).index_select(0, order),
-                    index=torch.arange(total, device=q.device), length=total)
     out = inner(q_rows, k_rows, v_rows, whole, scale)
     out = out.index_select(0, restore).reshape(size, length, hq, dim)
     return all_to_all(out, group).transpose(0, 1).reshape(length, q_heads, dim)
+
+
+def whole_row(packing, group):
+    """``(order, restore, whole)``: where the gathered tokens go to stand in row order, the way
+    back, and the whole row's ``Packing``. The same for every layer, so they are made once per
+    packing (one all-gather a step, not a layer) and kept in ``packing.cache``; the inner
+    kernel's own cache on ``whole`` then lasts the step too."""
+    import torch
+
+    from prime_core.trainer.packing import Packing
+
+    key = ("cp_ulysses", group)
+    if key not in packing.cache:
+        meta = gather_packing(packing.index, packing.segment_ids, group)  # [n, 2, L]
+        order = torch.argsort(meta[:, 0].reshape(-1), stable=True)
+        total = order.numel()
+        whole = Packing(segment_ids=meta[:, 1].reshape(-1).index_select(0, order),
+                        index=torch.arange(total, device=order.device), length=total)
+        packing.cache[key] = (order, torch.argsort(order), whole)
+    return packing.cache[key]

@@ -6,6 +6,8 @@ single-process reference; rank 0 writes ``{case: {quantity: max abs error, ...}}
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import math
 import sys
@@ -132,8 +134,9 @@ def applied_case(style: str, group, mesh) -> dict:
           world=distributed.World())
     local = cp_indices(row.length, rank, size, device=DEVICE)
     x_local = x[local].clone().requires_grad_()
-    out = model(x_local, row.select(local))
-    out.square().sum().backward()
+    with counted_gathers(style) as gathers:
+        out = model(x_local, row.select(local))
+        out.square().sum().backward()
     errors = {"out": (out - expected[local]).abs().max(), "dx": (x_local.grad - x_full.grad[local]).abs().max()}
     worst = 0.0
     for p, r in zip(model.parameters(), reference.parameters(), strict=True):
@@ -141,7 +144,26 @@ def applied_case(style: str, group, mesh) -> dict:
         worst = max(worst, float((p.grad - r.grad).abs().max()))
     errors["dparams"] = worst
     errors["wrapped"] = float(sum(type(m.attention_fn).__name__ == "CPAttention" for m in model.layers))
+    errors["gathers"] = float(gathers[0])
     return reduce_max(errors, group)
+
+
+@contextlib.contextmanager
+def counted_gathers(style: str):
+    """Counts (in the yielded list's one item) the all-gathers of row positions the style's
+    module makes inside the block."""
+    module = importlib.import_module(f"prime_plugin_cp.{style}")
+    gather, count = module.gather_packing, [0]
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return gather(*args, **kwargs)
+
+    module.gather_packing = counted
+    try:
+        yield count
+    finally:
+        module.gather_packing = gather
 
 
 def head_error(group) -> dict:

@@ -58,6 +58,7 @@ def test_matches_a_single_process(distributed_runs, size, case):
     assert errors.pop("wrong_dtype", 0.0) == 0.0
     if case.endswith("_apply"):
         assert errors.pop("wrapped") == 2  # both attention modules
+        assert errors.pop("gathers") == 1  # one packing, two layers: its layout is gathered once
     if case == "ring_isolated":  # no sample crosses a rank: every other rank's block is skipped
         assert (errors.pop("forward_blocks"), errors.pop("backward_blocks")) == (1, 1)
     worst = max(errors.values())

@@ -13,7 +13,7 @@ import torch
 
 from prime_core.trainer.packing import Packing, cp_indices, pad_to
 from prime_plugin_cp.block import EAGER, block_backward, block_forward
-from prime_plugin_cp.flash_block import FLASH, Part, make_kernel, plan_block, runs_of
+from prime_plugin_cp.flash_block import FLASH, Part, _overlapping, make_kernel, plan_block, runs_of
 from prime_plugin_cp.reference import dense_attention
 from prime_plugin_cp.ring import merge
 
@@ -126,11 +126,41 @@ def test_zigzag_blocks_become_few_flash_calls():
 
     r0, r1 = runs([0, 3]), runs([1, 2])
     assert [(r.start, r.end, r.index) for r in r1] == [(0, 20, 10)]  # chunks 1 and 2 are one run
-    own = plan_block(r0, r0)
-    assert [(p.q, p.k, p.causal) for p in own] == [((0, 10), (0, 10), True), ((10, 20), (0, 10), False),
-                                                   ((10, 20), (10, 20), True)]
-    assert [(p.q, p.k, p.causal) for p in plan_block(r0, r1)] == [((10, 20), (0, 20), False)]
-    assert [(p.q, p.k, p.causal) for p in plan_block(r1, r0)] == [((0, 20), (0, 10), False)]
+    # Chunk 3's queries see chunk 0 whole and themselves causally: one causal call whose
+    # sequence has chunk 0's keys in front (flash aligns the mask to the bottom right).
+    assert plan_block(r0, r0) == [Part((0, 10), (0, 10), (0, 10), (0, 10), causal=True),
+                                  Part((10, 20), (0, 20), (0, 10), (0, 20), causal=True)]
+    assert plan_block(r0, r1) == [Part((10, 20), (0, 20), (0, 10), (0, 20), causal=False)]
+    assert plan_block(r1, r0) == [Part((0, 20), (0, 10), (0, 20), (0, 10), causal=False)]
+
+
+def test_parts_one_sample_spans_are_joined_into_one_call():
+    """cp = 4 on one 80-token sample (chunks of 10): every block is at most two flash calls,
+    and none merges or sums (their query ranges never overlap)."""
+    def runs(chunks):
+        return runs_of([(i * 10, c * 10, 0) for i, c in enumerate(chunks)], 20)
+
+    ranks = [runs([r, 7 - r]) for r in range(4)]
+    # Rank 1 (chunks 1, 6) against rank 0 (chunks 0, 7): both query chunks see chunk 0 whole.
+    assert plan_block(ranks[1], ranks[0]) == [Part((0, 20), (0, 10), (0, 20), (0, 10), causal=False)]
+    # Rank 1 against rank 2 (chunks 2, 5): chunk 6 sees both whole; chunk 1 sees neither.
+    assert plan_block(ranks[1], ranks[2]) == [Part((10, 20), (0, 20), (0, 10), (0, 20), causal=False)]
+    for mine in ranks:
+        for theirs in ranks:
+            plan = plan_block(mine, theirs)
+            assert len(plan) <= 2
+            assert not _overlapping([p.q for p in plan])
+
+
+def test_parts_of_different_samples_stay_apart():
+    """Two samples: chunk 3's first sample spans from chunk 0, its second starts inside chunk 3;
+    the causal call keeps both as sequences, the first with chunk 0's tail in front."""
+    q = runs_of([(0, 0, 0), (10, 30, 0), (15, 35, 1)], 20)  # chunks 0 and 3 of a 40-token row
+    assert plan_block(q, q) == [Part((0, 10), (0, 10), (0, 10), (0, 10), causal=True),
+                                Part((10, 20), (0, 20), (0, 5, 10), (0, 15, 20), causal=True)]
+    apart = runs_of([(0, 0, 0), (10, 30, 1)], 20)  # sample 0 ends before chunk 3: nothing spans
+    assert plan_block(apart, apart) == [Part((0, 10), (0, 10), (0, 10), (0, 10), causal=True),
+                                        Part((10, 20), (10, 20), (0, 10), (0, 10), causal=True)]
 
 
 def test_only_the_spanning_sample_connects_earlier_keys():
