@@ -14,9 +14,11 @@ class CPKeys(Section):
     """Context-parallel degree: each packed row is split over this many consecutive trainer processes."""
     cp_style: Literal["ring", "ulysses"] = "ring"
     """``ring``: keys and values travel around the CP group; ``ulysses``: all-to-all of heads."""
-    cp_ring_kernel: Literal["auto", "flash", "eager"] = "auto"
+    cp_ring_kernel: Literal["auto", "cudnn", "flash", "eager"] = "auto"
     """The ring's per-block kernel: ``flash`` (torch's flash-attention varlen kernel: CUDA,
-    bf16/fp16), ``eager`` (the float32 reference, any device), ``auto`` (flash where it runs)."""
+    bf16/fp16), ``cudnn`` (cuDNN's fused attention for the parts one call of it can run, flash
+    for the others), ``eager`` (the float32 reference, any device), ``auto`` (cudnn on Hopper
+    and newer, else flash, where they run; else eager)."""
 
     @model_validator(mode="after")
     def _cp_needs_native_model(self):

@@ -4,9 +4,9 @@ Native models (``impl = "custom"``) keep their attention kernel in ``attention_f
 attention module (``prime_core.trainer.packing`` has the contract). The core splits each
 packed row across the CP ranks and calls the model with the rank's tokens; ``apply`` wraps
 each ``attention_fn`` so that attention still covers the whole row: ``ring`` passes keys and
-values around the CP group and runs its block kernel (torch's flash varlen on GPUs in bf16,
-the eager float32 reference elsewhere: ``cp_ring_kernel``; the model's own kernel is not
-used), ``ulysses`` exchanges heads for tokens and runs the model's own kernel on whole rows.
+values around the CP group and runs its block kernel (torch's cuDNN attention and flash
+varlen on GPUs in bf16, the eager float32 reference elsewhere: ``cp_ring_kernel``; the model's
+own kernel is not used), ``ulysses`` exchanges heads for tokens and runs the model's own kernel on whole rows.
 """
 
 from __future__ import annotations
@@ -34,17 +34,36 @@ class CPAttention:
 def block_kernel(setting: str, q):
     """The ring's ``BlockKernel`` for ``trainer.model.cp_ring_kernel`` and these queries."""
     from prime_plugin_cp.block import EAGER
-    from prime_plugin_cp.flash_block import FLASH, unavailable
 
     if setting == "eager":
         return EAGER
-    reason = unavailable(q)
-    if reason is None:
-        return FLASH
-    if setting == "flash":
-        raise ValueError(f"trainer.model.cp_ring_kernel = 'flash' cannot run here: {reason}; set it to 'auto' or "
-                         "'eager'")
-    return EAGER
+    kernels = _fused_kernels(q)
+    if setting == "auto":
+        for name in ("cudnn", "flash") if _hopper(q) else ("flash",):
+            kernel, reason = kernels[name]
+            if reason is None:
+                return kernel
+        return EAGER
+    kernel, reason = kernels[setting]
+    if reason is not None:
+        raise ValueError(f"trainer.model.cp_ring_kernel = {setting!r} cannot run here: {reason}; set it to 'auto' "
+                         "or 'eager'")
+    return kernel
+
+
+def _fused_kernels(q) -> dict:
+    """``{name: (kernel, why it cannot run on q or None)}``."""
+    from prime_plugin_cp.cudnn_block import CUDNN, cudnn_unavailable
+    from prime_plugin_cp.flash_block import FLASH, unavailable
+
+    return {"flash": (FLASH, unavailable(q)), "cudnn": (CUDNN, cudnn_unavailable(q))}
+
+
+def _hopper(q) -> bool:
+    """cuDNN's attention is measured faster than flash-attention 2 on Hopper (H100/H200)."""
+    import torch
+
+    return q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9
 
 
 def cp_group(mesh, world, cp: int):
@@ -68,11 +87,11 @@ def apply(model, *, mesh, config, world):
             f"trainer.model.cp = {config.cp} needs a model implementation whose attention modules expose "
             f"attention_fn (the CP contract in prime_core.trainer.packing); {type(model).__name__} has none: "
             "use impl = 'custom'")
-    if config.cp_style == "ring" and config.cp_ring_kernel == "flash":
+    if config.cp_style == "ring" and config.cp_ring_kernel in ("flash", "cudnn"):
         device = getattr(world.device, "type", str(world.device))
         if device != "cuda" or config.dtype not in ("bfloat16", "float16"):
-            raise ValueError(f"trainer.model.cp_ring_kernel = 'flash' needs a GPU computing in bfloat16 or float16 "
-                             f"(this run: {device}, {config.dtype}); set it to 'auto' or 'eager'")
+            raise ValueError(f"trainer.model.cp_ring_kernel = {config.cp_ring_kernel!r} needs a GPU computing in "
+                             f"bfloat16 or float16 (this run: {device}, {config.dtype}); set it to 'auto' or 'eager'")
     group = cp_group(mesh, world, config.cp)
     for name, module in targets:
         inner = module.attention_fn

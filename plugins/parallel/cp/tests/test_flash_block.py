@@ -92,8 +92,8 @@ def ring_in_one_process(q, k, v, dout, row, cp, kernel, scale):
     return out, dq, dk, dv
 
 
-def _errors(kernel, cp, *, hq=4, hkv=2, dtype=torch.float64, device="cpu"):
-    row = _row(UNEVEN, cp, device)
+def _errors(kernel, cp, *, hq=4, hkv=2, dtype=torch.float64, device="cpu", lengths=UNEVEN):
+    row = _row(lengths, cp, device)
     gen = torch.Generator().manual_seed(5)
     q, k, v, dout = (torch.randn(row.length, h, D, dtype=torch.float64, generator=gen).to(device)
                      for h in (hq, hkv, hkv, hq))
@@ -182,17 +182,42 @@ def test_the_kernel_is_chosen_per_call():
 
     q = torch.zeros(8, 4, 16, dtype=torch.bfloat16)
     assert block_kernel("auto", q) is EAGER and block_kernel("eager", q) is EAGER
-    with pytest.raises(ValueError, match="cp_ring_kernel = 'flash' cannot run here: it needs CUDA tensors"):
-        block_kernel("flash", q)
+    for name in ("flash", "cudnn"):
+        with pytest.raises(ValueError, match=f"cp_ring_kernel = '{name}' cannot run here: it needs CUDA tensors"):
+            block_kernel(name, q)
+
+
+def test_cudnn_runs_every_zigzag_part_of_one_sample_but_the_joined_diagonal_one():
+    """cp = 4, one 80-token sample: the parts cuDNN's unmasked or square-causal call can run."""
+    from prime_plugin_cp.cudnn_block import cudnn_fits
+
+    def runs(chunks):
+        return runs_of([(i * 10, c * 10, 0) for i, c in enumerate(chunks)], 20)
+
+    ranks = [runs([r, 7 - r]) for r in range(4)]
+    for r, mine in enumerate(ranks):
+        for s, theirs in enumerate(ranks):
+            fits = [cudnn_fits(part) for part in plan_block(mine, theirs)]
+            # Rank 3's chunks (3, 4) are one run: its diagonal block is a single square call.
+            assert fits == ([True, False] if r == s != 3 else [True]), (r, s, fits)
+    packed = runs_of([(0, 0, 0), (4, 4, 1)], 10)  # two samples in one causal call: flash's varlen
+    assert [cudnn_fits(part) for part in plan_block(packed, packed)] == [False]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("cp", [2, 4])
-def test_torch_flash_in_the_ring_matches_dense_attention_on_a_gpu(cp):
-    """The real kernel: bf16 ring (flash blocks) against the float64 dense reference, beside
-    the eager block kernel on the same bf16 inputs (its error is the bound's scale)."""
-    errors = _errors(FLASH, cp, dtype=torch.bfloat16, device="cuda", hq=16, hkv=8)
-    eager = _errors(EAGER, cp, dtype=torch.bfloat16, device="cuda", hq=16, hkv=8)
-    for name, value in errors.items():
-        assert value <= 2 * eager[name] + 1e-2, (name, errors, eager)
+@pytest.mark.parametrize("name", ["flash", "cudnn"])
+def test_torch_fused_kernels_in_the_ring_match_dense_attention_on_a_gpu(cp, name):
+    """The real kernels: bf16 ring (flash blocks, or cuDNN's where a part allows) against the
+    float64 dense reference, beside the eager block kernel on the same bf16 inputs (its error
+    is the bound's scale). One 125-token row of three samples, and one sample filling the row
+    (every part but the diagonal's joined one on cuDNN)."""
+    from prime_plugin_cp.cudnn_block import CUDNN
+
+    kernel = {"flash": FLASH, "cudnn": CUDNN}[name]
+    for lengths in (UNEVEN, (128,)):
+        errors = _errors(kernel, cp, dtype=torch.bfloat16, device="cuda", hq=16, hkv=8, lengths=lengths)
+        eager = _errors(EAGER, cp, dtype=torch.bfloat16, device="cuda", hq=16, hkv=8, lengths=lengths)
+        for key, value in errors.items():
+            assert value <= 2 * eager[key] + 1e-2, (lengths, key, errors, eager)
