@@ -199,9 +199,11 @@ def main() -> int:
 
     results["ring_plan"] = attention_case("ring", group, kernel=EMULATED)
     if DEVICE.type == "cuda":
+        from prime_plugin_cp.cudnn_block import CUDNN
         from prime_plugin_cp.flash_block import FLASH
 
         results["ring_flash"] = attention_case("ring", group, hq=16, hkv=8, dtype=torch.bfloat16, kernel=FLASH)
+        results["ring_cudnn"] = attention_case("ring", group, hq=16, hkv=8, dtype=torch.bfloat16, kernel=CUDNN)
     results["ring_isolated"] = counted_blocks(group)
     results["head_error"] = head_error(group)
     if world.main:
