@@ -192,6 +192,30 @@ def test_prime_varlen_turns_on_cuda_graphs_and_async_batching_unless_args_say_ot
     assert "use_cuda_graph" not in out and "use_async_batching" not in out
 
 
+def test_the_paged_cache_is_sized_without_masks_for_prime_varlen_which_builds_none():
+    """transformers builds attention masks for eager and sdpa only, but its cache sizing counts
+    one for every implementation but flash: for prime_varlen the sizing is told the truth."""
+    from types import SimpleNamespace
+
+    from transformers.generation.continuous_batching import cache
+    from transformers.generation.continuous_batching.utils import attn_mask_is_needed
+    from transformers.utils.generic import is_flash_attention_requested
+
+    from prime_plugin_transformers import torch_flash
+
+    torch_flash.register()
+    torch_flash.register()  # idempotent: wrapped once
+    asked = cache.is_flash_attention_requested
+    assert asked.prime_varlen_aware
+    for name in ("prime_varlen", "paged|prime_varlen"):
+        config = SimpleNamespace(_attn_implementation=name)
+        assert asked(config) and not attn_mask_is_needed(config)
+    for name in ("sdpa", "paged|sdpa", "paged|eager"):  # every other name: answered as before
+        config = SimpleNamespace(_attn_implementation=name)
+        assert asked(config) is is_flash_attention_requested(config) is False
+    assert not asked(SimpleNamespace(_attn_implementation="paged|prime_varlen"), version=2)  # not flash itself
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     from prime_core.testing.chat import chat_tokenizer
