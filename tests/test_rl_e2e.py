@@ -52,6 +52,37 @@ def tiny_model(tmp_path_factory) -> Path:
     return model
 
 
+@pytest.fixture
+def server(tiny_model, tmp_path):
+    """``prime inference`` on the tiny model with the example's inference settings, for a test
+    whose runs (a run and its resume) share one vLLM server (``--no-inference``): each start of
+    vLLM on this machine is ~30 s, and what such a test checks is not the server's start."""
+    out, port = tmp_path / "server", free_ports(1)
+    out.mkdir()
+    command = [sys.executable, "-m", "prime_core", "inference", "--model.name", str(tiny_model),
+               "--model.dtype", "float32", "--model.enforce-eager", "--model.max-model-len", "256",
+               "--args", '{"block_size": 32}', "--server.port", str(port), "--output-dir", str(out),
+               "--startup-timeout", "300"]
+    log = (out / "inference.out").open("w")
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
+    try:
+        deadline = time.monotonic() + 360
+        while "inference ready at" not in (out / "inference.out").read_text():
+            assert proc.poll() is None, (out / "inference.out").read_text()
+            assert time.monotonic() < deadline, "vLLM did not start"
+            time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()  # the role stops its server (and vLLM's process group) on SIGTERM
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        log.close()
+
+
 def rl_args(model: Path, out: Path, *extra: str) -> list[str]:
     return ["run", str(EXAMPLE / "rl.toml"), "--model.name", str(model), "--output-dir", str(out),
             "--inference.server.port", str(free_ports(1)), *extra]
@@ -108,12 +139,16 @@ def test_moe_rl_with_expert_parallel_native_model(tmp_path):
     assert not published[key].equal(start[key]), "the experts trained"
 
 
-LEARNABLE = ["--orchestrator.env", '[{"id": "reverse_text", "args": {"alphabet": "ab", "min_len": 4, "max_len": 4}}]',
-             "--trainer.optim.lr", "3e-3", "--trainer.scheduler.warmup-steps", "0", "--orchestrator.batch-size", "64",
-             # two servers on one CPU machine: let the OS place their workers (vLLM binds each to core 0)
-             "--inference.env", '{"VLLM_CPU_OMP_THREADS_BIND": "nobind"}']
+LEARNABLE_TASK = ["--orchestrator.env",
+                  '[{"id": "reverse_text", "args": {"alphabet": "ab", "min_len": 4, "max_len": 4}}]',
+                  "--trainer.optim.lr", "3e-3", "--trainer.scheduler.warmup-steps", "0",
+                  "--orchestrator.batch-size", "64"]
 """A signal a random tiny model learns within a few steps: answer with the letters of
 ``reverse_text`` strings over "ab" (partial credit)."""
+LEARNABLE = [*LEARNABLE_TASK,
+             # two servers on one CPU machine: let the OS place their workers (vLLM binds each to core 0)
+             "--inference.env", '{"VLLM_CPU_OMP_THREADS_BIND": "nobind"}']
+"""LEARNABLE_TASK, for a run that starts its own vLLM server(s)."""
 
 
 def test_two_replicas_and_two_trainer_processes_learn_with_bounded_lag_and_a_dead_replica_stops_the_run(
@@ -192,10 +227,15 @@ def test_two_replicas_and_two_trainer_processes_learn_with_bounded_lag_and_a_dea
         assert served.count("POST /collective_rpc") >= len(loaded), f"replica on port {p} missed new weights"
 
 
-def test_trainer_killed_mid_run_resumes_without_gap_or_repeat(tiny_model, tmp_path):
+def test_trainer_killed_mid_run_resumes_without_gap_or_repeat(tiny_model, server, tmp_path):
+    """The trainer dies mid-run: ``prime run`` stops, naming it; ``--resume`` goes on from the last
+    checkpoint, and every step is in the metrics once. The run and its resume sample from one
+    server (``--no-inference``); on resume the orchestrator loads the checkpoint's policy into it."""
     out = tmp_path / "rl"
     steps = 12
-    args = rl_args(tiny_model, out, "--max-steps", str(steps), "--ckpt.interval", "3", *LEARNABLE)
+    args = ["run", str(EXAMPLE / "rl.toml"), "--model.name", str(tiny_model), "--output-dir", str(out),
+            "--no-inference", "--orchestrator.client.base-url", server, "--max-steps", str(steps),
+            "--ckpt.interval", "3", *LEARNABLE_TASK]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     run = subprocess.Popen([sys.executable, "-m", "prime_core", *args], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, env=env)
@@ -224,6 +264,17 @@ def test_trainer_killed_mid_run_resumes_without_gap_or_repeat(tiny_model, tmp_pa
     assert orchestrator_steps == list(range(1, steps + 1)), orchestrator_steps
     superseded = out / "metrics.superseded.jsonl"
     assert superseded.exists() or killed_at % 3 == 0, "redone steps were moved aside, not lost"
+
+    # The server still holds the killed run's newest policy: the resumed orchestrator first loads
+    # the policy of the step it resumes after, and the server serves it again (the same probe).
+    before, after = (out / "logs" / "orchestrator.log").read_text().split("resuming at step ")
+    start = int(after.split()[0])
+    loaded = r"loaded policy v(\d+) into 1 inference server\(s\) \(probe logprob (-?[\d.]+)\)"
+    first = {int(v): float(p) for v, p in re.findall(loaded, before)}
+    version, probe = re.search(loaded, after).groups()
+    assert int(version) == start - 1, (start, first, version)
+    if start - 1 in first:  # the killed run had loaded it (a version published just before the kill may not be)
+        assert float(probe) == pytest.approx(first[start - 1], abs=1e-4), (probe, first)
 
 
 def test_port_in_use_stops_every_role(tiny_model, tmp_path):
