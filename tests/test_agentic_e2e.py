@@ -26,7 +26,7 @@ import pytest
 from prime_core import hookimpl
 from prime_core.orchestrator.batch import batch_file, read_batch
 from prime_core.orchestrator.tools import Tool
-from prime_core.testing import free_ports
+from prime_core.testing import inference_server
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tools"
@@ -69,30 +69,9 @@ def tool_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(tool_model, tmp_path_factory):
     """``prime inference`` on the tool model, for the whole module."""
-    out = tmp_path_factory.mktemp("server")
-    port = free_ports(1)
-    command = [sys.executable, "-m", "prime_core", "inference", "--model.name", str(tool_model),
-               "--model.dtype", "float32", "--model.enforce-eager", "--model.max-model-len", "512",
-               "--server.port", str(port), "--output-dir", str(out), "--startup-timeout", "300"]
-    log = (out / "inference.out").open("w")
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 360
-        while "inference ready at" not in (out / "inference.out").read_text():
-            assert proc.poll() is None, (out / "inference.out").read_text()
-            assert time.monotonic() < deadline, "vLLM did not start"
-            time.sleep(1)
+    with inference_server(tool_model, tmp_path_factory.mktemp("server"), "--model.dtype", "float32",
+                          "--model.enforce-eager", "--model.max-model-len", "512") as url:
         yield url
-    finally:
-        proc.terminate()  # the role stops its server (and vLLM's process group) on SIGTERM
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-        log.close()
 
 
 def client(url: str):

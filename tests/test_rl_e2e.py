@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from prime_core.testing import free_ports
+from prime_core.testing import free_ports, inference_server
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "cpu"
@@ -57,30 +57,10 @@ def server(tiny_model, tmp_path):
     """``prime inference`` on the tiny model with the example's inference settings, for a test
     whose runs (a run and its resume) share one vLLM server (``--no-inference``): each start of
     vLLM on this machine is ~30 s, and what such a test checks is not the server's start."""
-    out, port = tmp_path / "server", free_ports(1)
-    out.mkdir()
-    command = [sys.executable, "-m", "prime_core", "inference", "--model.name", str(tiny_model),
-               "--model.dtype", "float32", "--model.enforce-eager", "--model.max-model-len", "256",
-               "--args", '{"block_size": 32}', "--server.port", str(port), "--output-dir", str(out),
-               "--startup-timeout", "300"]
-    log = (out / "inference.out").open("w")
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
-    try:
-        deadline = time.monotonic() + 360
-        while "inference ready at" not in (out / "inference.out").read_text():
-            assert proc.poll() is None, (out / "inference.out").read_text()
-            assert time.monotonic() < deadline, "vLLM did not start"
-            time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.terminate()  # the role stops its server (and vLLM's process group) on SIGTERM
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-        log.close()
+    with inference_server(tiny_model, tmp_path / "server", "--model.dtype", "float32", "--model.enforce-eager",
+                          "--model.max-model-len", "256", "--args", '{"block_size": 32}',
+                          env={"VLLM_CPU_OMP_THREADS_BIND": "nobind"}) as url:
+        yield url
 
 
 def rl_args(model: Path, out: Path, *extra: str) -> list[str]:

@@ -35,6 +35,7 @@ it as a plugin, too late for assertion rewriting, which it does not need (it ass
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 from collections.abc import Callable
@@ -45,6 +46,39 @@ import pytest
 from prime_core import ENTRY_POINT_GROUP
 from prime_core.plugins import CONTROL_ENV, PluginManager, set_plugin_manager
 from prime_core.ports import free_ports  # noqa: F401 - the tests import it from here
+
+
+@contextlib.contextmanager
+def inference_server(model, out: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 360):
+    """``prime inference`` on ``model`` (extra CLI ``args``), logging to ``out/inference.out``;
+    yields its ``/v1`` URL once ready, and stops it (and vLLM's process group) on exit. For
+    tests whose runs share one server (``--no-inference``)."""
+    import os
+    import subprocess
+    import time
+
+    port = free_ports(1)
+    out.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "prime_core", "inference", "--model.name", str(model), *args,
+               "--server.port", str(port), "--output-dir", str(out), "--startup-timeout", str(int(timeout) - 60)]
+    log_path = out / "inference.out"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+        try:
+            deadline = time.monotonic() + timeout
+            while "inference ready at" not in log_path.read_text():
+                assert proc.poll() is None, log_path.read_text()
+                assert time.monotonic() < deadline, "the inference server did not start"
+                time.sleep(0.5)
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            proc.terminate()  # the role stops its server (and vLLM's process group) on SIGTERM
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
 
 
 def fresh_manager(*, autoload: bool = False) -> PluginManager:
