@@ -4,6 +4,9 @@
 #   bash benchmarks/scale_gpu.sh tests4     # 4 GPUs: EP/CP parity with NCCL (ep 2 x dp_mod_ep 2), the flash ring
 #   bash benchmarks/scale_gpu.sh ring       # 1 GPU: ring block kernel vs the fused kernel alone (ring_block_bench.py)
 #   bash benchmarks/scale_gpu.sh defaults   # 1 GPU: HF step, prime's defaults, the best knobs; 8k, dense 1.7B
+#   bash benchmarks/scale_gpu.sh master     # 1 GPU: fp32 master weights in one process, the casts vs FSDP
+#                                           # (KNOBS; BASELINE=DIR: an earlier prime_plugin_fsdp on PYTHONPATH running
+#                                           # BASELINE_KNOBS into $OUT/baseline)
 #   bash benchmarks/scale_gpu.sh moe        # 1 GPU: the 2.9B MoE shape at 8k, the recorded config vs the defaults
 #   bash benchmarks/scale_gpu.sh moeprof    # 1 GPU: the MoE shape with the defaults, one step's GPU kernels by time
 #   bash benchmarks/scale_gpu.sh head       # 1 GPU: the LM head's GPU tests, then its time and memory (kernels_bench)
@@ -45,6 +48,20 @@ for phase in "$@"; do
       timeout 330 python3 benchmarks/trainer_memory.py knobs --model-dir $model --out "$OUT" --seq-lens 8192 \
         --knobs fast_defaults custom_fast custom_fast_bf16 --warmup 2 --steps 6 >> "$OUT/defaults.log" 2>&1
       python3 benchmarks/trainer_memory.py table --out "$OUT" ;;
+    master)
+      timeout 120 python3 benchmarks/trainer_memory.py model --model-dir $model --out "$OUT" > "$OUT/master.log" 2>&1
+      timeout 120 python3 benchmarks/hf_baseline.py --seq-lens 8192 --output-json "$OUT/hf.json" \
+        >> "$OUT/master.log" 2>&1 || echo "hf baseline exited $?"
+      for where in now ${BASELINE:+baseline}; do
+        dir=$OUT knobs=${KNOBS:-fast_defaults}
+        [ "$where" = baseline ] && dir=$OUT/baseline knobs=${BASELINE_KNOBS:-fast_defaults custom_fast} \
+          && mkdir -p "$dir" && cp "$OUT/hf.json" "$dir/"
+        PYTHONPATH=${BASELINE:+$([ "$where" = baseline ] && realpath "$BASELINE")} timeout 220 python3 \
+          benchmarks/trainer_memory.py knobs --model-dir $model --out "$dir" --seq-lens 8192 \
+          --knobs $knobs --warmup 2 --steps 6 >> "$OUT/master.log" 2>&1 \
+          || echo "knobs ($where) exited $?"
+        echo "== $where"; python3 benchmarks/trainer_memory.py table --out "$dir"
+      done ;;
     moe)
       for recipe in default fast-defaults; do
         timeout 250 python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/parallel_bench.py moe \

@@ -84,7 +84,8 @@ def test_prime_plan_prints_the_terms_and_the_verdict(prime_cli, installed_plugin
     args = ["plan", "--trainer.model.name", str(tiny), "--seq-len", "65536", "--output-dir", str(tmp_path / "out")]
     result = prime_cli(*args, "--gpu-memory", "80")
     assert result.exit_code == 0, result.output
-    for term in ("parameters", "optimizer", "activations", "lm_head", "fsdp: gathered weights", "peak at backward"):
+    for term in ("parameters", "optimizer", "activations", "lm_head", "mixed precision: compute copies",
+                 "peak at backward"):
         assert term in result.output, term
     assert "fits" in result.output and "NOT" not in result.output
     small = prime_cli(*args, "--gpu-memory", "1")

@@ -66,14 +66,17 @@ def train_step(training, rows: list[dict], *, max_norm: float | None, loss_fn=No
     cp = world.rows_split
     total = sum(loss_tokens(row) for row in rows)
     mine = share(rows, world.rank // cp, world.size // cp)
-    sums = forward_backward(training.policy.model, mine, total_loss_tokens=total, world=world, loss_fn=loss_fn,
-                            loss_kwargs=loss_kwargs, temperature=temperature)
-    keys = sorted(sums)
-    sums = dict(zip(keys, distributed.all_reduce([sums[k] for k in keys], world), strict=True))
+    queued = queue_forward_backward(training.policy.model, mine, total_loss_tokens=total, world=world,
+                                    loss_fn=loss_fn, loss_kwargs=loss_kwargs, temperature=temperature)
+    # The sums are read only after the update is queued: reading them first would leave the
+    # GPU idle while the host runs the hooks and queues the clipping and the optimizer.
     for hook in training.policy.before_step:
         hook(training.policy.model)
-    sums["grad_norm"] = clip_and_step(training.policy.model, training.optimizer, training.scheduler, max_norm)
-    return {**sums, "loss_tokens": total, "rows": mine}
+    grad_norm = clip_and_step(training.policy.model, training.optimizer, training.scheduler, max_norm)
+    sums = read_sums(*queued)
+    keys = sorted(sums)
+    sums = dict(zip(keys, distributed.all_reduce([sums[k] for k in keys], world), strict=True))
+    return {**sums, "grad_norm": grad_norm, "loss_tokens": total, "rows": mine}
 
 
 def prediction_tensors(row: dict, device, cp_rank: int = 0, cp: int = 1):
@@ -112,8 +115,14 @@ def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, 
     """Forward and backward over this rank's rows; the loss is normalised by the loss tokens
     of the whole step on every rank. With ``loss_fn`` the RL loss is used, otherwise the
     negative log-likelihood (SFT). Returns this rank's sums (reduce them across ranks)."""
-    import torch
+    return read_sums(*queue_forward_backward(model, rows, total_loss_tokens=total_loss_tokens, world=world,
+                                             loss_fn=loss_fn, loss_kwargs=loss_kwargs, temperature=temperature))
 
+
+def queue_forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, loss_fn=None,
+                           loss_kwargs: dict | None = None, temperature: float = 1.0) -> tuple[dict, float]:
+    """``forward_backward`` without waiting for the device: its sums as device tensors, and
+    the tokens computed; ``read_sums`` reads them."""
     from prime_core.trainer.model import predicted_logprobs
 
     cp = world.rows_split
@@ -148,6 +157,13 @@ def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, 
                 parts[key] = (extra[key].detach() * mask).sum().float() / norm
         for key, value in parts.items():
             device_sums[key] = device_sums[key] + value if key in device_sums else value
+    return device_sums, tokens
+
+
+def read_sums(device_sums: dict, tokens: float) -> dict:
+    """The sums of ``queue_forward_backward``, read from the device in one transfer."""
+    import torch
+
     # Every rank reports the same keys (they are all-reduced together), whatever its rows held.
     sums = {"loss": 0.0, "entropy": 0.0, "mismatch_kl": 0.0, "is_masked": 0.0, "teacher_kl": 0.0}
     if device_sums:

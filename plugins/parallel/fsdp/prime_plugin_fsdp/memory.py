@@ -15,7 +15,22 @@ def memory(est, config) -> None:
       alive from the LM head's backward to the end of the backward pass;
     - when the last gradients are reduced: the largest unit's gradient in ``reduce_dtype`` and
       its reduced shard;
-    - ``fsdp_cpu_offload``: parameters, gradients and optimizer state in host memory."""
+    - ``fsdp_cpu_offload``: parameters, gradients and optimizer state in host memory.
+
+    In one process without FSDP (``one_process``): a compute copy of every trainable weight,
+    frozen weights in the compute dtype alone, and the largest weight's gradient in the
+    compute dtype before it is added into the float32 one."""
+    from prime_plugin_fsdp import one_process
+
+    if one_process.chosen(config, est.processes):
+        dt = est.compute_bytes
+        for param in est.params.values():
+            if not param.trainable:
+                param.shards *= est.master_bytes / dt
+        est.add_buffer("mixed precision: compute copies", est.held(trainable=True) * dt)
+        largest = max((p.numel for p in est.params.values() if p.trainable), default=0)
+        est.add_buffer("mixed precision: a gradient before its float32 sum", largest * dt, ("backward",))
+        return
     shard = est.processes // max(1, config.dp_replicate)
     for param in est.params.values():
         param.shards *= est.processes // est.degrees.get(param.dim, 1) if param.dim else shard

@@ -13,6 +13,9 @@ data-parallel ranks outside that group (torchtitan's "dp_mod_ep" sharding): each
 holds them becomes its own FSDP unit on that mesh, inside its block's unit. Their weights,
 gradients and optimizer state are then split over every rank instead of being replicated over
 ``dp_mod_D``.
+
+In one process, mixed precision runs without FSDP where it can (``one_process``): FSDP's
+collectives would only copy every weight and gradient once more.
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ def apply(model, *, mesh, config, world):
 
     from prime_core.specs import Applied
     from prime_core.trainer.model import transformer_blocks
+    from prime_plugin_fsdp import one_process
 
+    if one_process.usable(model, config=config, world=world):
+        return one_process.apply(model, config=config, world=world)
     compute = getattr(torch, config.dtype)
     master = getattr(torch, config.optimization_dtype)
     mixed = MixedPrecisionPolicy(param_dtype=None if compute == master else compute,

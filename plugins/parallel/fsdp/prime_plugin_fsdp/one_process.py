@@ -1,0 +1,172 @@
+"""Mixed precision in one process, without FSDP.
+
+FSDP reaches bf16 compute over fp32 master weights through its collectives, which in one
+process are copies: every step each weight goes through the all-gather's buffers (cast on the
+way in) and each gradient through the reduce-scatter's (cast again), 16 ms of a 256 ms step
+for the 1.7B shape on an H200 where the two casts alone take about 4. Here the casts are all
+that is left.
+
+Each trainable parameter has two tensors:
+
+- its **master** (``optimization_dtype``), registered in the model whenever it is not
+  computing: what the optimizer was built over and steps, what gradient clipping reads, what
+  checkpoints hold and what is published, exactly as under FSDP;
+- its **compute copy** (``dtype``), registered from the first forward pass after an optimizer
+  step until ``before_step``. The blocks (compiled, recomputed by activation checkpointing)
+  only ever see the copies. When autograd has accumulated a copy's gradient, the gradient is
+  taken from it: a single micro-batch's are cast to the master dtype together before the
+  step; from a second micro-batch on they are summed in the master dtype, as FSDP's
+  ``reduce_dtype = "float32"`` sums them.
+
+The copies are refreshed from the masters on every switch to computing (one cast per step),
+so nothing that changes the masters between steps (the optimizer, a checkpoint load) can
+leave them stale. A forward pass without gradients switches back to the masters when it
+returns. Frozen parameters (a LoRA run's base weights) never change: they are held in the
+compute dtype alone.
+
+The copies of every weight are held for the whole step, like FSDP's
+``reshard_after_forward = false``: 2 bytes a parameter more than FSDP's default.
+"""
+
+from __future__ import annotations
+
+
+def usable(model, *, config, world) -> bool:
+    """Whether this run gets mixed precision without FSDP (``chosen``), no parameter being
+    sharded by another strategy."""
+    from torch.distributed.tensor import DTensor
+
+    return chosen(config, world.size) and not any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def chosen(config, processes: int) -> bool:
+    """One process, compute and master dtypes differing, no CPU offload, and
+    ``reshard_after_forward`` not set to ``true`` (FSDP's block-by-block copies, less memory)."""
+    asked_reshard = "reshard_after_forward" in config.model_fields_set and config.reshard_after_forward
+    return (processes == 1 and config.dtype != config.optimization_dtype and not config.fsdp_cpu_offload
+            and not asked_reshard)
+
+
+def apply(model, *, config, world):
+    import torch
+
+    from prime_core.specs import Applied
+
+    model.to(world.device)
+    weights = MasterWeights(model, getattr(torch, config.dtype))
+    model.register_forward_pre_hook(weights.compute)
+    model.register_forward_hook(weights.after_forward)
+    return Applied(model, before_step=weights.before_step)
+
+
+class MasterWeights:
+    def __init__(self, model, compute_dtype) -> None:
+        import torch
+
+        self.masters, self.copies, self.slots = [], [], []  # slots: (module, name, index)
+        index_of, frozen = {}, {}
+        for module in model.modules():
+            for name, param in module._parameters.items():
+                if param is None:
+                    continue
+                if not param.requires_grad or not param.is_floating_point():
+                    if param.is_floating_point():
+                        key = id(param)
+                        if key not in frozen:
+                            frozen[key] = torch.nn.Parameter(param.detach().to(compute_dtype), requires_grad=False)
+                        module._parameters[name] = frozen[key]
+                    continue
+                index = index_of.get(id(param))
+                if index is None:  # tied parameters (embeddings and LM head) are one master
+                    index = index_of[id(param)] = len(self.masters)
+                    copy = torch.nn.Parameter(param.detach().to(compute_dtype))
+                    copy.register_post_accumulate_grad_hook(self._accumulator(index))
+                    self.masters.append(param)
+                    self.copies.append(copy)
+                self.slots.append((module, name, index))
+        self.grads = [None] * len(self.masters)  # in the master dtype
+        self.pending = [None] * len(self.masters)  # one micro-batch's, in the compute dtype
+        self.computing = False
+
+    def _accumulator(self, index: int):
+        def accumulate(copy) -> None:
+            grad, copy.grad = copy.grad, None
+            held = self.grads[index]
+            if held is not None:
+                held.add_(grad)
+            elif self.pending[index] is None:
+                self.pending[index] = grad  # converted with all the others in before_step
+            else:  # a second micro-batch: from now on the sum is in the master dtype
+                held = self.grads[index] = self.pending[index].to(self.masters[index].dtype)
+                self.pending[index] = None
+                held.add_(grad)
+
+        return accumulate
+
+    def _register(self, tensors) -> None:
+        for module, name, index in self.slots:
+            module._parameters[name] = tensors[index]
+
+    def compute(self, *_) -> None:
+        """Before a forward pass: the copies, refreshed from the masters, go into the model."""
+        if self.computing:
+            return
+        import torch
+
+        with torch.no_grad():
+            torch._foreach_copy_(self.copies, self.masters)
+        self._register(self.copies)
+        self.computing = True
+
+    def after_forward(self, *_) -> None:
+        """A pass without gradients has no backward to wait for: back to the masters."""
+        import torch
+
+        if not torch.is_grad_enabled():
+            self._register(self.masters)
+            self.computing = False
+
+    def before_step(self, _model=None) -> None:
+        """After the step's backward passes: the masters, holding the accumulated gradients,
+        go back into the model for clipping, the optimizer and whatever reads it next."""
+        self._register(self.masters)
+        self.computing = False
+        self._convert_pending()
+        for master, grad in zip(self.masters, self.grads, strict=True):
+            master.grad = grad
+        self.grads = [None] * len(self.masters)
+
+    def _convert_pending(self) -> None:
+        """The gradients of one micro-batch, cast a chunk at a time, each in one multi-tensor
+        copy into one buffer (twice as fast as a cast per gradient as it is computed, and the
+        backward pass holds them in the compute dtype). Each chunk's sources are freed before
+        the next is cast, so the cast adds one chunk to the peak, not a copy of every gradient."""
+        chunk: list[int] = []
+        size = 0
+        for index, grad in enumerate(self.pending):
+            if grad is None:
+                continue
+            chunk.append(index)
+            size += grad.numel()
+            if size >= CHUNK_ELEMENTS:
+                self._convert(chunk)
+                chunk, size = [], 0
+        if chunk:
+            self._convert(chunk)
+
+    def _convert(self, indices: list[int]) -> None:
+        import torch
+
+        sources = [self.pending[i] for i in indices]
+        flat = torch.empty(sum(g.numel() for g in sources), dtype=self.masters[indices[0]].dtype,
+                           device=sources[0].device)
+        views = [part.view(g.shape) for part, g in zip(flat.split([g.numel() for g in sources]), sources,
+                                                             strict=True)]
+        torch._foreach_copy_(views, sources)
+        for i, view in zip(indices, views, strict=True):
+            self.grads[i] = view
+            self.pending[i] = None
+
+
+CHUNK_ELEMENTS = 1 << 26
+"""Gradient elements cast together before the step (256 MiB in float32)."""
