@@ -1,9 +1,9 @@
 """Mixed precision in one process without FSDP (``prime_plugin_fsdp.one_process``) trains
 exactly as FSDP's mixed precision in one process does: the same losses and final weights over
 several steps of several micro-batches (gradients accumulate in float32), with activation
-checkpointing (recompute sees the compute copies), LoRA (frozen weights) and a forward pass
-without gradients between steps; a checkpoint holds the float32 masters (a resumed run ends
-where the uninterrupted one does)."""
+checkpointing (recompute sees the compute copies), LoRA (frozen weights) and the optimizer's
+state offloaded; a forward pass without gradients leaves the masters in the model; a
+checkpoint holds the float32 masters (a resumed run ends where the uninterrupted one does)."""
 
 import shutil
 
@@ -15,7 +15,8 @@ from prime_core.testing.contracts.parallel_strategy import tiny_model
 BF16 = {"dtype": "bfloat16"}
 FSDP = {**BF16, "reshard_after_forward": True}  # asked for: FSDP's block-by-block copies
 VARIANTS = {"plain": {}, "ac": {"ac": {"freq": 1}}, "hf": {"impl": "hf"},
-            "lora": {"lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}}}
+            "lora": {"lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
+            "optim_cpu_offload": {"optim_cpu_offload": True}}
 
 
 @pytest.fixture(scope="module")
