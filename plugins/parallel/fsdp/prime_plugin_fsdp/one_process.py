@@ -60,6 +60,8 @@ def apply(model, *, config, world):
 
 
 class MasterWeights:
+    """The masters, their compute copies and where each is registered (module docstring)."""
+
     def __init__(self, model, compute_dtype) -> None:
         import torch
 
