@@ -61,6 +61,16 @@ QWEN3_1_7B = {
     "tie_word_embeddings": True,
     "max_position_embeddings": 40960,
 }
+QWEN3_MOE = {  # parallel_bench.py's MoE shape (2.9B, 8 layers, 64 experts, top 8): --moe
+    **QWEN3_1_7B,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "moe_intermediate_size": 768,
+    "num_experts": 64,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+}
 TINY = {
     "hidden_size": 64,
     "num_hidden_layers": 2,
@@ -86,6 +96,8 @@ def parse_args(argv=None):
     p.add_argument("--peak-tflops", type=float, default=None, help="override the peak used for MFU")
     p.add_argument("--output-json", default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--moe", action="store_true", help="the 2.9B Qwen3-MoE shape of parallel_bench.py moe "
+                   "(MFU over the active parameters)")
     p.add_argument("--tiny", action="store_true", help="tiny config and short lengths: smoke test only")
     a = p.parse_args(argv)
     if a.tiny and a.seq_lens == p.get_default("seq_lens"):
@@ -95,12 +107,13 @@ def parse_args(argv=None):
 
 
 def build_model(cfg_kwargs, device):
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3MoeConfig
 
+    config_class = Qwen3MoeConfig if "num_experts" in cfg_kwargs else Qwen3Config
     try:
-        config = Qwen3Config(**cfg_kwargs, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+        config = config_class(**cfg_kwargs, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
     except TypeError:  # transformers 4.x spelling
-        config = Qwen3Config(**cfg_kwargs, rope_theta=1e6)
+        config = config_class(**cfg_kwargs, rope_theta=1e6)
     config.use_cache = False
     with torch.device(device):  # initialise on the GPU: random init of 2B params on the CPU is slow
         try:
@@ -128,12 +141,18 @@ def count_params(model, config):
     total = sum(p.numel() for p in unique.values())
     non_emb = total - emb.numel()
     lm_head = config.vocab_size * config.hidden_size  # the head's matmul, tied or not
+    active = non_emb
+    experts = getattr(config, "num_experts", 0)
+    if experts:  # MoE: only the routed experts' weights do a token's work
+        idle = experts - config.num_experts_per_tok
+        active -= config.num_hidden_layers * idle * 3 * config.hidden_size * config.moe_intermediate_size
     return {
         "total_unique": total,
         "embedding": emb.numel(),
         "non_embedding": non_emb,
+        "active_non_embedding": active,
         "lm_head": lm_head,
-        "flops_params": non_emb + lm_head,
+        "flops_params": active + lm_head,
     }
 
 
@@ -276,7 +295,8 @@ def main(argv=None):
     )
 
     t0 = time.perf_counter()
-    config, model = build_model(TINY if args.tiny else QWEN3_1_7B, device)
+    shape = TINY if args.tiny else QWEN3_MOE if args.moe else QWEN3_1_7B
+    config, model = build_model(shape, device)
     opt, opt_kind = make_optimizer(model, args.lr, device)
     counts = count_params(model, config)
     build_s = time.perf_counter() - t0
@@ -306,7 +326,7 @@ def main(argv=None):
         "peak_flops": peak_flops,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "config": {k: getattr(config, k) for k in (TINY if args.tiny else QWEN3_1_7B)},
+        "config": {k: getattr(config, k) for k in shape},
         "params": counts,
         "dtype": "bfloat16 params, grads and AdamW states (no fp32 master weights)",
         "optimizer": f"torch.optim.AdamW({opt_kind}), lr={args.lr}",
@@ -322,7 +342,8 @@ def main(argv=None):
         with open(args.output_json, "w") as f:
             json.dump(out, f, indent=2, default=str)
     print_table(
-        f"HF baseline, Qwen3-1.7B shape{' (TINY)' if args.tiny else ''}, bf16 + AdamW, batch 1 — {name}",
+        f"HF baseline, {'Qwen3-MoE 2.9B' if args.moe else 'Qwen3-1.7B'} shape{' (TINY)' if args.tiny else ''}, "
+        f"bf16 + AdamW, batch 1 — {name}",
         [fmt_row(r) for r in results],
     )
 
