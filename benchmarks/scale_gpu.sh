@@ -5,7 +5,7 @@
 #   bash benchmarks/scale_gpu.sh ring       # 1 GPU: ring block kernel vs the fused kernel alone (ring_block_bench.py)
 #   bash benchmarks/scale_gpu.sh defaults   # 1 GPU: HF step, prime's defaults, the best knobs; 8k, dense 1.7B
 #   bash benchmarks/scale_gpu.sh master     # 1 GPU: fp32 master weights in one process, the casts vs FSDP
-#                                           # (KNOBS; BASELINE=DIR: an earlier prime_plugin_fsdp on PYTHONPATH running
+#                                           # (KNOBS; BASELINE=DIR: an earlier prime_core / prime_plugin_fsdp first on PYTHONPATH, running
 #                                           # BASELINE_KNOBS into $OUT/baseline)
 #   bash benchmarks/scale_gpu.sh moe        # 1 GPU: the 2.9B MoE shape at 8k, the recorded config vs the defaults
 #   bash benchmarks/scale_gpu.sh moeprof    # 1 GPU: the MoE shape with the defaults, one step's GPU kernels by time

@@ -18,8 +18,9 @@ def memory(est, config) -> None:
     - ``fsdp_cpu_offload``: parameters, gradients and optimizer state in host memory.
 
     In one process without FSDP (``one_process``): a compute copy of every trainable weight,
-    frozen weights in the compute dtype alone, and the largest weight's gradient in the
-    compute dtype before it is added into the float32 one."""
+    frozen weights in the compute dtype alone, and, when the gradients are cast to float32
+    before the step, one chunk of them still in the compute dtype beside its cast (until then
+    the compute-dtype gradients take less than the float32 ones counted)."""
     from prime_plugin_fsdp import one_process
 
     if one_process.chosen(config, est.processes):
@@ -27,9 +28,10 @@ def memory(est, config) -> None:
         for param in est.params.values():
             if not param.trainable:
                 param.shards *= est.master_bytes / dt
-        est.add_buffer("mixed precision: compute copies", est.held(trainable=True) * dt)
-        largest = max((p.numel for p in est.params.values() if p.trainable), default=0)
-        est.add_buffer("mixed precision: a gradient before its float32 sum", largest * dt, ("backward",))
+        trainable = est.held(trainable=True)
+        est.add_buffer("mixed precision: compute copies", trainable * dt)
+        est.add_buffer("mixed precision: gradients being cast", min(trainable, one_process.CHUNK_ELEMENTS) * dt,
+                       ("gradients",))
         return
     shard = est.processes // max(1, config.dp_replicate)
     for param in est.params.values():

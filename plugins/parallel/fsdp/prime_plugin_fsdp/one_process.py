@@ -21,7 +21,8 @@ Each trainable parameter has two tensors:
 The copies are refreshed from the masters on every switch to computing (one cast per step),
 so nothing that changes the masters between steps (the optimizer, a checkpoint load) can
 leave them stale. A forward pass without gradients switches back to the masters when it
-returns. Frozen parameters (a LoRA run's base weights) never change: they are held in the
+returns (so it belongs between steps, not between a step's forward and backward passes).
+Frozen parameters (a LoRA run's base weights) never change: they are held in the
 compute dtype alone.
 
 The copies of every weight are held for the whole step, like FSDP's
