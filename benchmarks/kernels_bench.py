@@ -3,6 +3,7 @@
 
     python3 benchmarks/kernels_bench.py lm_head --tokens 8192 16384 32768 65536 --out $OUT
     python3 benchmarks/kernels_bench.py fp8 --tokens 8192 --out $OUT
+    python3 benchmarks/kernels_bench.py adamw --out $OUT
     python3 benchmarks/kernels_bench.py table --out $OUT
 
 ``lm_head``: forward + backward of the LM head at Qwen3's vocabulary (151,936) and hidden size
@@ -18,6 +19,10 @@ its inputs.
 torch's scaled matmul) against ``F.linear`` in bf16, forward + backward, on the linear shapes of
 a Qwen3-1.7B and a Qwen3-8B block; TFLOP/s = 6·M·K·N / time (2·M·K·N for ``gemm``, the bare
 forward matmul on pre-quantised operands).
+
+``adamw``: one update of one-process mixed precision's master weights (``prime_plugin_fsdp``):
+the trainer's unfused path against ``adamw``'s fused kernel, on the 1.7B and the 2.9B MoE
+shapes' tensors (``bench_adamw``).
 
 Results: JSON lines in ``OUT/kernels.jsonl``; ``table`` prints them. ``--tiny`` shrinks every
 size so the script runs on a CPU in seconds (a smoke test of the script, not a measurement).
@@ -182,6 +187,67 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
     return rows
 
 
+def adamw_shapes(model: str, tiny: bool) -> list[tuple]:
+    """The trainable tensors of a Qwen3 shape: the 1.7B (tied embeddings) or the 2.9B MoE of
+    ``parallel_bench.py moe`` (8 layers, 64 stacked experts of 768)."""
+    if tiny:
+        return [(1000, 64), (64,), (256, 64), (64, 256)] * 3
+    hidden, vocab = 2048, 151936
+    moe = model == "moe"
+    heads, kv, layers = (32, 4, 8) if moe else (16, 8, 28)
+    block = [(heads * 128, hidden), (kv * 128, hidden), (kv * 128, hidden), (hidden, heads * 128), (128,), (128,),
+             (hidden,), (hidden,)]
+    block += [(64, hidden), (64, 2 * 768, hidden), (64, hidden, 768)] if moe else \
+        [(6144, hidden), (6144, hidden), (hidden, 6144)]
+    return [(vocab, hidden), (hidden,)] + block * layers
+
+
+def bench_adamw(args, device) -> list[dict]:
+    """One update of the master weights (``one_process``): bf16 gradients of one micro-batch,
+    clipped to 1.0. ``unfused``: the trainer's path (the gradients cast to float32, the norm,
+    the clip, fused ``torch.optim.AdamW``, the next step's compute copies cast from the
+    masters); ``fused``: ``prime_plugin_fsdp.adamw``. Bytes moved per parameter: 52 and 30."""
+    import torch
+
+    from prime_core.trainer.optim import clip_grad_norm
+    from prime_plugin_fsdp.one_process import MasterWeights
+
+    records = []
+    for model in args.models:
+        shapes = adamw_shapes(model, args.tiny)
+        for path in ("unfused", "fused"):
+            module = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(s, device=device) * 0.02) for s in shapes])
+            weights = MasterWeights(module, torch.bfloat16)
+            optimizer = torch.optim.AdamW(list(module.parameters()), lr=1e-5, weight_decay=0.01,
+                                          fused=device.type == "cuda")
+            grads = [torch.randn(s, device=device, dtype=torch.bfloat16) for s in shapes]
+
+            def update(path=path, weights=weights, optimizer=optimizer, grads=grads):
+                weights.pending = list(grads)
+                weights.compute()
+                weights.before_step()
+                if path == "fused":
+                    assert weights.update(None, optimizer, 1.0) is not None, "the fused update did not run"
+                    return
+                weights.take_gradients()
+                clip_grad_norm(weights.masters, 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+            if path == "unfused":
+                weights.fused[id(optimizer)] = "measured unfused"
+            seconds, peak = timed(update, device, args.reps)
+            numel = sum(p.numel() for p in weights.masters)
+            records.append({"bench": "adamw", "model": model, "path": path, "params": numel, "ms": seconds * 1e3,
+                            "gbps": numel * (30 if path == "fused" else 52) / seconds / 1e9,
+                            "peak_gib": peak / 2**30})
+            emit(args, records[-1])
+            del module, weights, optimizer, grads, update
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return records
+
+
 def emit(args, record: dict) -> None:
     with open(args.out / "kernels.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
@@ -227,13 +293,26 @@ def table(out: Path) -> None:
         console.print(grid)
 
 
+    steps = [r for r in records if r["bench"] == "adamw"]
+    if steps:
+        grid = Table(title="The master weights' update (bf16 gradients, clip, AdamW, compute copies)")
+        for column in ("model", "parameters", "path", "ms", "GB/s (bytes it must move)", "× unfused time"):
+            grid.add_column(column, justify="right")
+        base = {r["model"]: r["ms"] for r in steps if r["path"] == "unfused"}
+        for r in steps:
+            grid.add_row(r["model"], f"{r['params'] / 1e9:.2f}B", r["path"], f"{r['ms']:.1f}", f"{r['gbps']:.0f}",
+                         ratio(r["ms"], base.get(r["model"])))
+        console.print(grid)
+
+
 def ratio(value, base) -> str:
     return f"{value / base:.2f}" if base else "-"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("lm_head", "fp8", "table"))
+    parser.add_argument("mode", choices=("lm_head", "fp8", "adamw", "table"))
+    parser.add_argument("--models", nargs="+", default=["1.7B", "moe"], help="adamw: the shapes")
     parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("/tmp/prime-kernels"))
@@ -246,7 +325,7 @@ def main() -> int:
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    {"lm_head": bench_lm_head, "fp8": bench_fp8}[args.mode](args, device)
+    {"lm_head": bench_lm_head, "fp8": bench_fp8, "adamw": bench_adamw}[args.mode](args, device)
     return 0
 
 

@@ -8,6 +8,8 @@
 #                                           # (KNOBS; BASELINE=DIR: an earlier prime_core / prime_plugin_fsdp first on PYTHONPATH, running
 #                                           # BASELINE_KNOBS into $OUT/baseline)
 #   bash benchmarks/scale_gpu.sh moe        # 1 GPU: the 2.9B MoE shape at 8k, the recorded config vs the defaults
+#                                           # (RECIPES; HF=1: the plain HF MoE step first; BASELINE=DIR as for master)
+#   bash benchmarks/scale_gpu.sh adamw      # 1 GPU: the fused master-weight update's tests, and its time vs unfused
 #   bash benchmarks/scale_gpu.sh moeprof    # 1 GPU: the MoE shape with the defaults, one step's GPU kernels by time
 #   bash benchmarks/scale_gpu.sh head       # 1 GPU: the LM head's GPU tests, then its time and memory (kernels_bench)
 # Results under $OUT (ring_block.jsonl, results.jsonl + hf.json, parallel.jsonl), logs beside them. Every
@@ -62,13 +64,29 @@ for phase in "$@"; do
           || echo "knobs ($where) exited $?"
         echo "== $where"; python3 benchmarks/trainer_memory.py table --out "$dir"
       done ;;
-    moe)
-      for recipe in default fast-defaults; do
-        timeout 250 python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/parallel_bench.py moe \
-          --ep 1 --recipe $recipe --seq-lens 8192 --samples-per-group 1 --warmup 1 --steps 3 --out "$OUT" \
-          >> "$OUT/moe.log" 2>&1 || echo "moe $recipe exited $?"
-      done
-      grep -E "^moe " "$OUT/moe.log" ;;
+    moe)  # RECIPES (default: default fast-defaults); HF=1: the plain HF MoE step first; BASELINE=DIR as for master
+      if [ -n "${HF:-}" ]; then
+        timeout 150 python3 benchmarks/hf_baseline.py --moe --seq-lens 8192 --output-json "$OUT/hf_moe.json" \
+          >> "$OUT/moe.log" 2>&1 || echo "hf moe baseline exited $?"
+        grep -E "tok/s|tokens/s" "$OUT/moe.log" | tail -2
+      fi
+      for where in now ${BASELINE:+baseline}; do
+        dir=$OUT; [ "$where" = baseline ] && dir=$OUT/baseline && mkdir -p "$dir"
+        for recipe in ${RECIPES:-default fast-defaults}; do
+          PYTHONPATH=${BASELINE:+$([ "$where" = baseline ] && realpath "$BASELINE")} timeout 250 python3 \
+            -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/parallel_bench.py moe \
+            --ep 1 --recipe $recipe --seq-lens 8192 --samples-per-group 1 --warmup 1 --steps 3 --out "$dir" \
+            > "$dir/moe-$recipe.log" 2>&1 || echo "moe $recipe ($where) exited $?"
+          echo "== $where"; grep -E "^moe " "$dir/moe-$recipe.log"
+        done
+      done ;;
+    adamw)  # the fused update's tests and its kernel against the unfused path (kernels_bench.py adamw)
+      timeout 200 python3 -m pytest -q -p no:cacheprovider -rs plugins/parallel/fsdp/tests/test_adamw.py \
+        plugins/parallel/fsdp/tests/test_one_process.py -m "gpu or not gpu" > "$OUT/adamw_tests.log" 2>&1
+      grep -E "passed|failed|error" "$OUT/adamw_tests.log"
+      timeout 200 python3 benchmarks/kernels_bench.py adamw --reps 5 --out "$OUT" > "$OUT/adamw.log" 2>&1 \
+        || { echo "adamw bench exited $?"; tail -5 "$OUT/adamw.log"; }
+      python3 benchmarks/kernels_bench.py table --out "$OUT" ;;
     moeprof)  # RECIPES: parallel_bench.py's --recipe values, one run each
       for recipe in ${RECIPES:-fast-defaults fast-bf16}; do
         timeout 250 python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/parallel_bench.py \
@@ -83,7 +101,7 @@ for phase in "$@"; do
       timeout 200 python3 benchmarks/kernels_bench.py lm_head --out "$OUT" > "$OUT/head.log" 2>&1 \
         || echo "kernels bench exited $?"
       python3 benchmarks/kernels_bench.py table --out "$OUT" ;;
-    *) echo "unknown phase $phase (tests, tests4, ring, defaults, moe, moeprof, head)"; exit 2 ;;
+    *) echo "unknown phase $phase (tests, tests4, ring, defaults, master, moe, moeprof, adamw, head)"; exit 2 ;;
   esac
 done
 exit 0

@@ -159,14 +159,13 @@ def profile(args) -> int:
     optimizer timed apart, then the profiler's top operators."""
     import random
 
-    import torch
-
     from prime_core import distributed
     from prime_core.bench import synchronize
     from prime_core.config.checks import schema_for
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer.build import start_training
     from prime_core.trainer.fake import FakeDataConfig, fake_batch
+    from prime_core.trainer.optim import clip_and_step
     from prime_core.trainer.step import forward_backward
 
     knob = ALL_KNOBS if args.knob == "all" else KNOBS[args.knob]
@@ -185,17 +184,11 @@ def profile(args) -> int:
         marks = [time.perf_counter()]
         forward_backward(model, rows, total_loss_tokens=sum(sum(r["loss_mask"]) for r in rows), world=world,
                          loss_fn=loss_fn)
-        for hook in training.policy.before_step:  # as train_step: e.g. the master weights take their gradients
+        for hook in training.policy.before_step:  # as train_step
             hook(model)
         synchronize(world.device)
         marks.append(time.perf_counter())
-        params = [p for p in model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
-        float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        synchronize(world.device)
-        marks.append(time.perf_counter())
-        training.optimizer.step()
-        training.optimizer.zero_grad(set_to_none=True)
+        clip_and_step(model, training.optimizer, training.scheduler, 1.0, update=training.policy.update)
         synchronize(world.device)
         marks.append(time.perf_counter())
         if times is not None:
@@ -206,7 +199,7 @@ def profile(args) -> int:
     times: list = []
     for _ in range(3):
         step(times)
-    for name, column in zip(("forward+backward", "clip", "optimizer"), zip(*times, strict=True), strict=True):
+    for name, column in zip(("forward+backward", "clip+optimizer"), zip(*times, strict=True), strict=True):
         print(f"profile {args.knob} seq {args.seq_len}: {name} {1000 * sum(column) / len(column):.1f} ms", flush=True)
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile

@@ -258,6 +258,12 @@ class Applied:
     before_step: Callable[..., Any] | None = None
     """``before_step(model)``: called on every rank after the step's backward passes and
     before gradient clipping (EP: reduce expert gradients across data-parallel replicas)."""
+    update: Callable[..., Any] | None = None
+    """``update(model, optimizer, max_norm)``: called on every rank after the ``before_step``
+    hooks, in place of the trainer's gradient clipping and ``optimizer.step()``. It clips and
+    steps itself and returns the norm before clipping (a tensor), or returns ``None`` once the
+    gradients are in ``param.grad``, for the trainer to clip and step. For a strategy that
+    holds the gradients elsewhere and can fuse the update (one-process mixed precision)."""
     param_device: str | None = None
     """Where the strategy keeps the parameters when that is not the compute device (``"cpu"``
     for CPU offloading): ranks that built the model on the meta device get their shards there."""

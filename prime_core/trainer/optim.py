@@ -124,9 +124,13 @@ def build_scheduler(optimizer, scheduler_config, max_steps: int | None):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(scheduler_config, lr, max_steps, step))
 
 
-def clip_and_step(model, optimizer, scheduler, max_norm: float | None) -> float:
-    norm = clip_grad_norm([p for p in model.parameters() if p.grad is not None], max_norm)
-    optimizer.step()
+def clip_and_step(model, optimizer, scheduler, max_norm: float | None, update=None) -> float:
+    """Clip the gradients to ``max_norm`` and step; returns the norm before clipping. A
+    strategy's ``update`` hook (``Applied.update``) may do both itself."""
+    norm = update(model, optimizer, max_norm) if update is not None else None
+    if norm is None:
+        norm = clip_grad_norm([p for p in model.parameters() if p.grad is not None], max_norm)
+        optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     # Read only now: the GPU computes the norm while the host queues the update.
@@ -157,13 +161,13 @@ def clip_grad_norm(params: list, max_norm: float | None):
     dtype = torch.float64 if any(g.dtype == torch.float64 for g in local) else torch.float32
     squares = []
     for (_, dims), (mesh, grads) in groups.items():
-        square = torch.stack(torch._foreach_norm(grads)).to(dtype).pow(2).sum()
+        square = squared_norm(grads).to(dtype)
         for dim in dims:
             torch.distributed.all_reduce(square, group=mesh.get_group(dim))
         squares.append(square)
     total = torch.stack(squares).sum().sqrt()
     if max_norm:
-        scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        scale = clip_factor(total, max_norm)
         by_dtype: dict = {}
         for grad in local:
             by_dtype.setdefault(grad.dtype, []).append(grad)
@@ -173,3 +177,22 @@ def clip_grad_norm(params: list, max_norm: float | None):
             # bf16 gradients on an H200, 4 ms in one fused pass). bf16 keeps 3 digits of it.
             torch._foreach_mul_(grads, scale.to(grad_dtype))
     return total
+
+
+def squared_norm(grads: list):
+    """The sum of the squares of ``grads`` (local tensors), in float32 at least: each 16-bit
+    gradient's norm is taken in float32 (in its own dtype it would keep 3 digits)."""
+    import torch
+
+    wide = [g for g in grads if g.dtype.itemsize >= 4]
+    narrow = [g for g in grads if g.dtype.itemsize < 4]
+    norms = list(torch._foreach_norm(wide)) if wide else []
+    if narrow:
+        norms += torch._foreach_norm(narrow, 2, dtype=torch.float32)
+    dtype = torch.float64 if any(n.dtype == torch.float64 for n in norms) else torch.float32
+    return torch.stack([n.to(dtype) for n in norms]).pow(2).sum()
+
+
+def clip_factor(total, max_norm: float):
+    """What the gradients are multiplied by so that their norm ``total`` is at most ``max_norm``."""
+    return (max_norm / (total + 1e-6)).clamp(max=1.0)

@@ -72,7 +72,8 @@ def train_step(training, rows: list[dict], *, max_norm: float | None, loss_fn=No
     # GPU idle while the host runs the hooks and queues the clipping and the optimizer.
     for hook in training.policy.before_step:
         hook(training.policy.model)
-    grad_norm = clip_and_step(training.policy.model, training.optimizer, training.scheduler, max_norm)
+    grad_norm = clip_and_step(training.policy.model, training.optimizer, training.scheduler, max_norm,
+                              update=training.policy.update)
     sums = read_sums(*queued)
     keys = sorted(sums)
     sums = dict(zip(keys, distributed.all_reduce([sums[k] for k in keys], world), strict=True))

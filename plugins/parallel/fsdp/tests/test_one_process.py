@@ -100,6 +100,8 @@ def test_a_forward_without_gradients_leaves_the_masters_in_the_model(model_dir, 
         for hook in policy.before_step:
             hook(model)
         params = list(model.parameters())
+        unfused = torch.optim.SGD(params, lr=0.0)  # the gradients go to param.grad for the trainer to step
+        assert policy.update(model, unfused, 1.0) is None
         assert {p.dtype for p in params} == {torch.float32}
         assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in params)
         grads.append([p.grad for p in params])

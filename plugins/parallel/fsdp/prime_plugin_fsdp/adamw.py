@@ -1,0 +1,191 @@
+"""AdamW over ``one_process``'s master weights in one pass: clipping, the update and the
+refreshed compute copies.
+
+Unfused, the update reads and writes every parameter five times: the bf16 gradients cast to
+float32 (6 bytes a parameter), the norm (4), the clip (8), ``torch.optim.AdamW`` (28) and the
+next step's compute copy from the master (6): 52 bytes a parameter. Here the norm reads the
+gradients as they are held (2 bytes for one micro-batch's bf16), and one kernel reads the
+gradient, master and both moments and writes the master, the moments and the compute copy:
+30 bytes a parameter, and no float32 gradient is ever allocated for a single micro-batch.
+
+The arithmetic is ``torch.optim.AdamW``'s (``_single_tensor_adam``): the clipped gradient
+``g * clip``, ``p * (1 - lr * wd)``, ``m`` moved towards ``g`` by ``1 - beta1``,
+``v * beta2 + (1 - beta2) * g * g``, then ``p - lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)``
+with the bias corrections ``bc = 1 - beta ** step`` computed on the host in double precision,
+division and square root correctly rounded. Each compute copy is its master rounded to
+bfloat16 (nearest, ties to even), as the unfused refresh casts it. The optimizer's state is
+AdamW's own (``step``, ``exp_avg``, ``exp_avg_sq``, created as AdamW creates them), so a
+checkpoint written by either path resumes in the other.
+
+Used by ``MasterWeights.update`` when ``why_not`` finds nothing against it; otherwise the
+gradients go to ``param.grad`` and the trainer clips and steps as usual.
+"""
+
+from __future__ import annotations
+
+import os
+
+BLOCK = 4096
+"""Elements per program."""
+
+
+def why_not(weights, optimizer) -> str | None:
+    """Why this optimizer's step cannot be fused over ``weights`` (``None``: it can)."""
+    import torch
+
+    if type(optimizer) is not torch.optim.AdamW:
+        return f"the optimizer is {type(optimizer).__name__} (trainer.optim.type), not AdamW"
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+
+    if (optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks
+            or _global_optimizer_pre_hooks or _global_optimizer_post_hooks):
+        return "the optimizer has step hooks (trainer.model.optim_cpu_offload registers them)"
+    for group in optimizer.param_groups:
+        if group.get("amsgrad") or group.get("maximize") or group.get("differentiable"):
+            return "amsgrad, maximize or differentiable is set"
+        if any(torch.is_tensor(group[key]) for key in ("lr", "betas", "eps", "weight_decay")):
+            return "a hyperparameter is a tensor"
+    masters = {id(p) for p in weights.masters}
+    if any(id(p) not in masters for group in optimizer.param_groups for p in group["params"]):
+        return "the optimizer steps parameters that are not master weights"
+    if not weights.masters:
+        return "no trainable parameter"
+    if any(p.dtype != torch.float32 or not _readable(p) for p in weights.masters):
+        return "the master weights are not contiguous, aligned float32 tensors (trainer.model.optimization_dtype)"
+    if not all(_readable(c) for c in weights.copies):
+        return "the compute copies are not contiguous and aligned"
+    if any(c.dtype != torch.bfloat16 for c in weights.copies):
+        return "the compute dtype is not bfloat16 (trainer.model.dtype)"
+    device = weights.masters[0].device
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "the weights are not on a GPU"
+    if any(p.device != device for p in weights.masters):
+        return "the master weights are on several devices"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "triton is not installed"
+    return None
+
+
+def step(weights, optimizer, max_norm: float | None, gradients: list):
+    """Clip ``gradients`` (one per master, or ``None``) to ``max_norm`` and step ``optimizer``
+    over the masters, writing each stepped master's compute copy. Returns the norm before
+    clipping (a 0-dim float32 tensor)."""
+    import torch
+
+    from prime_core.trainer.optim import clip_factor, squared_norm
+
+    live = [g for g in gradients if g is not None]
+    device = weights.masters[0].device
+    if not live:
+        return torch.zeros((), device=device)
+    norm = squared_norm(live).sqrt()
+    clip = clip_factor(norm, max_norm) if max_norm else torch.ones((), device=device)
+    launches: dict[tuple, list[int]] = {}
+    steps = []
+    for group in optimizer.param_groups:
+        beta1, beta2 = group["betas"]
+        lr, decay, eps = group["lr"], group["weight_decay"], group["eps"]
+        for param in group["params"]:
+            index = weights.index_of[id(param)]
+            grad = gradients[index]
+            if grad is None:
+                continue
+            if not _readable(grad):
+                gradients[index] = grad = grad.clone(memory_format=torch.contiguous_format)
+            state = optimizer.state[param]
+            if not state:
+                _init_state(state, param, group)
+            count = weights.step_counts.count(state["step"]) + 1
+            steps.append(state["step"])
+            bc1, bc2 = 1 - beta1 ** count, 1 - beta2 ** count
+            key = (grad.dtype, 1 - lr * decay, 1 - beta1, beta2, 1 - beta2, lr / bc1, bc2 ** 0.5, eps)
+            launches.setdefault(key, []).append(index)
+    import triton.language as tl
+
+    from prime_plugin_fsdp.adamw_kernel import adamw
+
+    items, first = weights.step_grid(BLOCK)
+    for key, indices in launches.items():
+        table = _table(weights, optimizer, gradients, set(indices))
+        grad_dtype, *scalars = key
+        grad_type = tl.float32 if grad_dtype == torch.float32 else tl.bfloat16
+        adamw[(items.numel(),)](table, items, first, clip, *scalars, GRAD=grad_type, BLOCK=BLOCK)
+    torch._foreach_add_(steps, 1.0)
+    weights.step_counts.advanced(steps)
+    optimizer._opt_called = True  # what optimizer.step() marks: the LR scheduler warns without it
+    return norm
+
+
+def _init_state(state: dict, param, group: dict) -> None:
+    """AdamW's state for ``param``, as ``torch.optim.AdamW`` creates it."""
+    import torch
+
+    if group["fused"] or group["capturable"]:
+        state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
+    else:
+        state["step"] = torch.tensor(0.0, dtype=torch.float32)
+    state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+    state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+
+
+def _table(weights, optimizer, gradients: list, stepped: set[int]):
+    """Every master's row of addresses and size (``adamw_kernel``); rows outside ``stepped``
+    have no gradient address, so this launch leaves them alone."""
+    import torch
+
+    rows = []
+    for index, (master, copy) in enumerate(zip(weights.masters, weights.copies, strict=True)):
+        if index not in stepped:
+            rows.append((0, 0, 0, 0, 0, 0))
+            continue
+        state = optimizer.state[master]
+        moments = state["exp_avg"], state["exp_avg_sq"]
+        if not all(_readable(m) and m.dtype == torch.float32 for m in moments):
+            state["exp_avg"], state["exp_avg_sq"] = moments = tuple(
+                m.to(torch.float32, memory_format=torch.contiguous_format, copy=True) for m in moments)
+        rows.append((master.data_ptr(), gradients[index].data_ptr(), moments[0].data_ptr(), moments[1].data_ptr(),
+                     copy.data_ptr(), master.numel()))
+    table = torch.tensor(rows, dtype=torch.int64)
+    device = weights.masters[0].device
+    if device.type == "cuda":  # pinned and asynchronous: a pageable copy would wait for the backward pass
+        return table.pin_memory().to(device, non_blocking=True)
+    return table
+
+
+def _readable(tensor) -> bool:
+    """Whether the kernel may read ``tensor`` as it is: contiguous, 16-byte aligned."""
+    return tensor.is_contiguous() and tensor.data_ptr() % 16 == 0
+
+
+class StepCounts:
+    """The host's count of each ``state["step"]`` tensor, so that the bias corrections need no
+    read from the device; a tensor not seen before (a new state, a loaded checkpoint) is read
+    once."""
+
+    def __init__(self) -> None:
+        self.known: dict[int, tuple] = {}
+
+    def count(self, tensor) -> int:
+        held = self.known.get(id(tensor))
+        if held is None or held[0] is not tensor:
+            held = self.known[id(tensor)] = (tensor, int(tensor.item()))
+        return held[1]
+
+    def advanced(self, tensors) -> None:
+        for tensor in tensors:
+            self.known[id(tensor)] = (tensor, self.known[id(tensor)][1] + 1)
+
+
+def grid(numels: list[int], block: int, device):
+    """``(items, first)`` of ``adamw_kernel.adamw``: each program's tensor, and each tensor's
+    first program."""
+    import torch
+
+    blocks = torch.tensor([-(-n // block) for n in numels], dtype=torch.int64)
+    first = torch.cumsum(blocks, 0) - blocks
+    items = torch.repeat_interleave(torch.arange(len(numels), dtype=torch.int32), blocks)
+    return items.to(device), first.to(device)
+
+

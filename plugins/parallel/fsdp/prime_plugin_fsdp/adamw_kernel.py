@@ -1,0 +1,83 @@
+"""The Triton kernel of ``adamw`` (imported by it on first use: this module imports triton).
+See ``adamw`` for what it computes."""
+
+import triton
+import triton.language as tl
+
+P, G, M, V, C, N = (tl.constexpr(column) for column in range(6))
+"""The columns of the address table: master, gradient, first and second moment, compute copy
+addresses, and the size."""
+
+
+@triton.jit
+def _round_to_bf16(x):
+    """``x`` rounded to the nearest bfloat16, ties to even, still in float32: the cast that
+    follows is then exact. The GPU's cast rounds so too; Triton's interpreter truncates."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _aligned(address, dtype: tl.constexpr):
+    """The address as a pointer to ``dtype`` (``adamw.step`` checks that every address is
+    16-byte aligned, which lets the compiler read 16 bytes at a time)."""
+    return tl.multiple_of(address.to(tl.pointer_type(dtype)), 16)
+
+
+@triton.jit
+def _load(pointer, offs, inside, MASKED: tl.constexpr):
+    if MASKED:
+        return tl.load(pointer + offs, mask=inside, other=0.0).to(tl.float32)
+    return tl.load(pointer + offs).to(tl.float32)
+
+
+@triton.jit
+def _store(pointer, offs, value, inside, MASKED: tl.constexpr):
+    if MASKED:
+        tl.store(pointer + offs, value, mask=inside)
+    else:
+        tl.store(pointer + offs, value)
+
+
+@triton.jit
+def _update(row, offs, inside, clip, lr_decay, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps,
+            GRAD: tl.constexpr, MASKED: tl.constexpr):
+    p_ptr = _aligned(tl.load(row + P), tl.float32)
+    m_ptr = _aligned(tl.load(row + M), tl.float32)
+    v_ptr = _aligned(tl.load(row + V), tl.float32)
+    g = _load(_aligned(tl.load(row + G), GRAD), offs, inside, MASKED) * tl.load(clip)
+    p = _load(p_ptr, offs, inside, MASKED) * lr_decay
+    m = _load(m_ptr, offs, inside, MASKED)
+    v = _load(v_ptr, offs, inside, MASKED)
+    m = m + one_minus_beta1 * (g - m)
+    v = v * beta2 + one_minus_beta2 * (g * g)
+    denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
+    p = p - step_size * tl.div_rn(m, denom)
+    _store(p_ptr, offs, p, inside, MASKED)
+    _store(m_ptr, offs, m, inside, MASKED)
+    _store(v_ptr, offs, v, inside, MASKED)
+    _store(_aligned(tl.load(row + C), tl.bfloat16), offs, _round_to_bf16(p).to(tl.bfloat16), inside, MASKED)
+
+
+@triton.jit
+def adamw(table, items, first, clip, lr_decay, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps,
+          GRAD: tl.constexpr, BLOCK: tl.constexpr):
+    """One AdamW step over one ``BLOCK`` of one tensor. ``items[i]`` is the tensor of program
+    ``i`` and ``first[t]`` its first program; ``table[t]`` holds the tensor's five addresses
+    and its size (a zero gradient address: not stepped in this launch). Whole blocks are read
+    without a mask: a mask against a size the compiler cannot see into splits every access
+    into single elements."""
+    i = tl.program_id(0)
+    t = tl.load(items + i)
+    row = table + t * 6
+    n = tl.where(tl.load(row + G) != 0, tl.load(row + N), 0)
+    start = (i - tl.load(first + t)).to(tl.int64) * BLOCK
+    offs = start + tl.arange(0, BLOCK)
+    inside = offs < n
+    if start + BLOCK <= n:
+        _update(row, offs, inside, clip, lr_decay, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps,
+                GRAD, False)
+    elif start < n:
+        _update(row, offs, inside, clip, lr_decay, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps,
+                GRAD, True)

@@ -1,0 +1,182 @@
+"""The fused update over the master weights (``prime_plugin_fsdp.adamw``) against
+``torch.optim.AdamW`` after the trainer's clipping, on fresh random inputs: compiled on a GPU,
+through Triton's interpreter elsewhere (``prime_core.testing.triton``). And the trainer with it
+against FSDP's mixed precision in one process (the reference, unfused)."""
+
+import shutil
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+from prime_core.testing.triton import device, interpreter_rerun, kernel_test  # noqa: E402
+
+DEVICE = device()
+test_in_the_triton_interpreter = interpreter_rerun(__file__)
+SHAPES = [(3,), (5000,), (64, 130), (4096, 3)]
+
+
+class Weights:
+    """What ``adamw.step`` reads of ``one_process.MasterWeights``."""
+
+    def __init__(self, masters) -> None:
+        from prime_plugin_fsdp.adamw import StepCounts, grid
+
+        self.masters = masters
+        self.copies = [m.detach().to(torch.bfloat16) for m in masters]
+        self.index_of = {id(m): i for i, m in enumerate(masters)}
+        self.step_counts = StepCounts()
+        self.grid = grid([m.numel() for m in masters], 4096, masters[0].device)
+
+    def step_grid(self, block):
+        return self.grid
+
+
+def _masters(seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter((torch.randn(s, generator=g) * 0.05).to(DEVICE)) for s in SHAPES]
+
+
+def _grads(seed, dtype, scale):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(s, generator=g) * scale).to(dtype).to(DEVICE) for s in SHAPES]
+
+
+@kernel_test
+@pytest.mark.parametrize("grad_dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("max_norm", [None, 0.5, 1e3], ids=["no_clip", "clipped", "under_the_bound"])
+def test_the_fused_step_is_adamw_after_clipping(grad_dtype, max_norm):
+    from prime_core.trainer.optim import clip_grad_norm
+    from prime_plugin_fsdp import adamw
+
+    ours, theirs = _masters(1), _masters(1)
+    hyper = {"lr": 3e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+    mine = torch.optim.AdamW(ours, **hyper)
+    reference = torch.optim.AdamW(theirs, **hyper, foreach=False)
+    weights = Weights(ours)
+    assert adamw.why_not(weights, mine) is None
+    for step in range(4):
+        grads = _grads(10 + step, grad_dtype, scale=0.3 * (step + 1))
+        for param, grad in zip(theirs, grads, strict=True):
+            param.grad = grad.float().clone()  # clipped in place
+        want = clip_grad_norm(theirs, max_norm)
+        reference.step()
+        got = adamw.step(weights, mine, max_norm, list(grads))
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+        for a, b in zip(ours, theirs, strict=True):
+            _close(a, b)
+            for key in ("exp_avg", "exp_avg_sq"):
+                _close(mine.state[a][key], reference.state[b][key])
+            assert float(mine.state[a]["step"]) == float(reference.state[b]["step"]) == step + 1
+        # Each compute copy is its new master rounded to bfloat16, as the unfused refresh casts it.
+        for master, copy in zip(ours, weights.copies, strict=True):
+            assert torch.equal(copy, master.detach().to(torch.bfloat16))
+
+
+def _close(got, want) -> None:
+    """Equal up to float32 rounding: within a few units in the last place of the largest value
+    (a moment near zero after ``m + (1 - beta1) * (g - m)`` loses its relative precision)."""
+    got, want = got.detach().cpu(), want.detach().cpu()
+    assert float((got - want).abs().max()) <= 4e-7 * float(want.abs().max()), float((got - want).abs().max())
+
+
+@kernel_test
+def test_parameters_without_a_gradient_are_left_alone():
+    from prime_plugin_fsdp import adamw
+
+    masters = _masters(2)
+    before = [m.detach().clone() for m in masters]
+    optimizer = torch.optim.AdamW(masters, lr=1e-2)
+    weights = Weights(masters)
+    copies = [c.clone() for c in weights.copies]
+    grads = _grads(3, torch.bfloat16, 1.0)
+    grads[1] = None
+    adamw.step(weights, optimizer, 1.0, grads)
+    assert torch.equal(masters[1], before[1]) and torch.equal(weights.copies[1], copies[1])
+    assert masters[1] not in optimizer.state
+    assert not torch.equal(masters[0], before[0])
+
+
+@kernel_test
+def test_gradients_at_unaligned_addresses_are_read_as_well():
+    from prime_plugin_fsdp import adamw
+
+    results = []
+    for offset in (0, 1):
+        masters = _masters(4)
+        optimizer = torch.optim.AdamW(masters, lr=1e-2)
+        grads = []
+        for grad in _grads(5, torch.bfloat16, 1.0):
+            held = torch.empty(grad.numel() + offset, dtype=grad.dtype, device=grad.device)[offset:]
+            grads.append(held.copy_(grad.flatten()).view(grad.shape))
+        assert offset == 0 or grads[1].data_ptr() % 16
+        adamw.step(Weights(masters), optimizer, 1.0, grads)
+        results.append(masters)
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+
+
+def test_what_is_not_fused_is_named():
+    from prime_plugin_fsdp import adamw
+
+    masters = [torch.nn.Parameter(torch.zeros(4))]
+    weights = Weights(masters)
+    assert "SGD" in adamw.why_not(weights, torch.optim.SGD(masters, lr=1))
+    assert "amsgrad" in adamw.why_not(weights, torch.optim.AdamW(masters, amsgrad=True))
+    other = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
+    assert "not master weights" in adamw.why_not(weights, other)
+    hooked = torch.optim.AdamW(masters)
+    hooked.register_step_pre_hook(lambda *_: None)
+    assert "hooks" in adamw.why_not(weights, hooked)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from prime_core.testing.contracts.parallel_strategy import tiny_model
+
+    return tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@kernel_test
+def test_the_trainer_with_the_fused_update_trains_as_fsdp(model_dir, tmp_path):
+    """Several steps of several micro-batches (the gradients summed in float32; the kernel tests
+    above step bf16 gradients too); a checkpoint of the fused run resumes to the uninterrupted
+    run's weights."""
+    from safetensors.torch import load_file
+
+    from prime_core.parity import run
+
+    if DEVICE == "cuda":
+        pytest.skip("tests/test_one_process.py's GPU test covers the compiled trainer")
+    bf16 = {"dtype": "bfloat16"}
+    run(model_dir, tmp_path, [{"name": "fused", "model": bf16, "steps": 4, "ckpt_step": 2},
+                              {"name": "fsdp", "model": {**bf16, "reshard_after_forward": True}, "steps": 4}],
+        save_ckpt=True, cpu=True)
+    fused, fsdp = (torch.load(tmp_path / f"{name}.pt", weights_only=False) for name in ("fused", "fsdp"))
+    assert fused["layout"] == {} and fsdp["layout"]
+    for a, b in zip(fused["losses"], fsdp["losses"], strict=True):
+        assert abs(a - b) <= 1e-4 * abs(b), (fused["losses"], fsdp["losses"])
+    for a, b in zip(fused["grad_norms"], fsdp["grad_norms"], strict=True):
+        assert abs(a - b) <= 2e-3 * abs(b), (fused["grad_norms"], fsdp["grad_norms"])
+    # Not bit for bit: float32 rounding differences flip bf16 roundings of the compute copies,
+    # and Adam turns a small change of a gradient near zero into one of up to the learning rate.
+    # So the runs' distance is measured against how far training moved the weights (0.6% of it
+    # after 3 steps); an update computing something else is tens of percent away.
+    initial = load_file(model_dir / "model.safetensors")
+    moved = _distance(fsdp["state"], {k: initial.get(k, initial["model.embed_tokens.weight"]) for k in fsdp["state"]})
+    assert _distance(fused["state"], fsdp["state"]) <= 0.03 * moved
+    # The unfused casts match FSDP bit for bit (test_one_process.py): a difference shows the fused update ran.
+    assert any(not torch.equal(value, fsdp["state"][key]) for key, value in fused["state"].items())
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(tmp_path / "fused", resumed / "fused")
+    run(model_dir, resumed, [{"name": "fused", "model": bf16, "steps": 4, "ckpt_step": 2}], load_ckpt=True, cpu=True)
+    again = torch.load(resumed / "fused.pt", weights_only=False)
+    assert again["losses"] == fused["losses"][2:]
+    for key, value in fused["state"].items():
+        assert torch.equal(value, again["state"][key]), key
+
+
+def _distance(state, other) -> float:
+    """The 2-norm of the difference of all weights."""
+    return sum(float((value.double() - other[key].double()).pow(2).sum()) for key, value in state.items()) ** 0.5
