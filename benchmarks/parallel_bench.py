@@ -128,7 +128,53 @@ def kernel_table(prof, rows: int = 40) -> str:
     lines.append("operators by their own GPU time:")
     lines += [f"{100 * e.self_device_time_total / total:5.1f}% {e.count:6d} {e.self_device_time_total / 1e3:9.2f} ms  "
               f"{e.key} {str(e.input_shapes)[:120]}" for e in ops[:rows]]
-    return "\n".join(lines)
+    return "\n".join(lines + idle_table(prof))
+
+
+def idle_table(prof, rows: int = 25, is_kernel=lambda e: "CUDA" in str(e.device_type)) -> list[str]:
+    """Where the GPU waits for the host in the profiled step: its idle time between the first
+    and last kernel, by what the host was doing (``host_during``), and the longest gaps."""
+    import bisect
+    from collections import defaultdict
+
+    events = list(prof.events())
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
+                     if is_kernel(e) and e.time_range.end > e.time_range.start)
+    if not kernels:
+        return []
+    host = [e for e in events if "CPU" in str(e.device_type)]
+    gaps, end = [], kernels[0][1]
+    for start, stop, name in kernels[1:]:
+        if start - end > 5:  # microseconds; shorter ones are launch latency
+            gaps.append((start - end, end, start, name))
+        end = max(end, stop)
+    window = end - kernels[0][0]
+
+    ops = sorted((e for e in host if not str(e.name).startswith(("cuda", "cu"))), key=lambda e: e.time_range.start)
+    starts = [e.time_range.start for e in ops]
+
+    def host_during(t0, t1):
+        """The longest host operator that began in the gap (what kept the host from launching),
+        else the last one that began before it; CUDA runtime calls are not operators."""
+        lo, hi = bisect.bisect_left(starts, t0), bisect.bisect_right(starts, t1)
+        if hi > lo:
+            return max(ops[lo:hi], key=lambda e: e.time_range.end - e.time_range.start).name
+        return ops[lo - 1].name if lo else "?"
+
+    by_op: dict = defaultdict(lambda: [0.0, 0])
+    described = []
+    for gap in sorted(gaps, reverse=True):
+        name = host_during(gap[1], gap[2])
+        by_op[name][0] += gap[0]
+        by_op[name][1] += 1
+        if len(described) < rows:
+            described.append(f"{gap[0] / 1e3:8.2f} ms  before {gap[3][:70]}  host in {name[:80]}")
+    idle = sum(g[0] for g in gaps)
+    lines = [f"GPU idle {idle / 1e3:.1f} ms of {window / 1e3:.1f} ms between the step's first and last kernel "
+             f"({len(gaps)} gaps over 5 us); by what the host was doing:"]
+    ranked = sorted(by_op.items(), key=lambda kv: -kv[1][0])[:rows]
+    lines += [f"{total / 1e3:9.2f} ms {count:5d}  {name[:120]}" for name, (total, count) in ranked]
+    return lines + ["the longest gaps:"] + described
 
 
 def worker(args) -> int:
@@ -264,8 +310,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--tiny", action="store_true", help="a small model: smoke test on a CPU")
     parser.add_argument("--profile", action="store_true",
-                        help="after the measured steps, profile one more and print its GPU kernels by time "
-                             "(also written to profile-<config>-<seq>.txt)")
+                        help="after the measured steps, profile one more and print its GPU kernels by time, "
+                             "then the GPU's idle time by what the host was doing (also written to "
+                             "profile-<config>-<seq>.txt)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.mode == "table":
