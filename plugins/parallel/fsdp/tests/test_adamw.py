@@ -138,10 +138,10 @@ def model_dir(tmp_path_factory):
 
 
 @kernel_test
-def test_the_trainer_with_the_fused_update_trains_as_fsdp(model_dir, tmp_path):
+def test_the_trainer_with_the_fused_update_trains_as_fsdp(model_dir, tmp_path, monkeypatch):
     """Several steps of several micro-batches (the gradients summed in float32; the kernel tests
-    above step bf16 gradients too); a checkpoint of the fused run resumes to the uninterrupted
-    run's weights."""
+    above step bf16 gradients too), also with LoRA; a checkpoint of the fused run resumes to
+    the uninterrupted run's weights, and resumes unfused too (the state is AdamW's own)."""
     from safetensors.torch import load_file
 
     from prime_core.parity import run
@@ -149,15 +149,22 @@ def test_the_trainer_with_the_fused_update_trains_as_fsdp(model_dir, tmp_path):
     if DEVICE == "cuda":
         pytest.skip("tests/test_one_process.py's GPU test covers the compiled trainer")
     bf16 = {"dtype": "bfloat16"}
+    fsdp_keys = {**bf16, "reshard_after_forward": True}
+    lora = {"lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}}
     run(model_dir, tmp_path, [{"name": "fused", "model": bf16, "steps": 4, "ckpt_step": 2},
-                              {"name": "fsdp", "model": {**bf16, "reshard_after_forward": True}, "steps": 4}],
+                              {"name": "fsdp", "model": fsdp_keys, "steps": 4},
+                              {"name": "fused_lora", "model": {**bf16, **lora}, "steps": 3},
+                              {"name": "fsdp_lora", "model": {**fsdp_keys, **lora}, "steps": 3}],
         save_ckpt=True, cpu=True)
-    fused, fsdp = (torch.load(tmp_path / f"{name}.pt", weights_only=False) for name in ("fused", "fsdp"))
+    fused, fsdp, fused_lora, fsdp_lora = (torch.load(tmp_path / f"{name}.pt", weights_only=False)
+                                          for name in ("fused", "fsdp", "fused_lora", "fsdp_lora"))
     assert fused["layout"] == {} and fsdp["layout"]
-    for a, b in zip(fused["losses"], fsdp["losses"], strict=True):
-        assert abs(a - b) <= 1e-4 * abs(b), (fused["losses"], fsdp["losses"])
-    for a, b in zip(fused["grad_norms"], fsdp["grad_norms"], strict=True):
-        assert abs(a - b) <= 2e-3 * abs(b), (fused["grad_norms"], fsdp["grad_norms"])
+    for ours, theirs in ((fused, fsdp), (fused_lora, fsdp_lora)):
+        for a, b in zip(ours["losses"], theirs["losses"], strict=True):
+            assert abs(a - b) <= 1e-4 * abs(b), (ours["losses"], theirs["losses"])
+        for a, b in zip(ours["grad_norms"], theirs["grad_norms"], strict=True):
+            assert abs(a - b) <= 2e-3 * abs(b), (ours["grad_norms"], theirs["grad_norms"])
+    assert any(not torch.equal(v, fsdp_lora["state"][k]) for k, v in fused_lora["state"].items())
     # Not bit for bit: float32 rounding differences flip bf16 roundings of the compute copies,
     # and Adam turns a small change of a gradient near zero into one of up to the learning rate.
     # So the runs' distance is measured against how far training moved the weights (0.6% of it
@@ -175,6 +182,16 @@ def test_the_trainer_with_the_fused_update_trains_as_fsdp(model_dir, tmp_path):
     assert again["losses"] == fused["losses"][2:]
     for key, value in fused["state"].items():
         assert torch.equal(value, again["state"][key]), key
+    # The same checkpoint, resumed without the fused update (no kernels in that process): the
+    # first step computes with the same weights, the next after an unfused AdamW step.
+    unfused = tmp_path / "unfused"
+    unfused.mkdir()
+    shutil.copytree(tmp_path / "fused", unfused / "fused")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    run(model_dir, unfused, [{"name": "fused", "model": bf16, "steps": 4, "ckpt_step": 2}], load_ckpt=True, cpu=True)
+    plain = torch.load(unfused / "fused.pt", weights_only=False)
+    assert plain["losses"][0] == fused["losses"][2]
+    assert abs(plain["losses"][1] - fused["losses"][3]) <= 1e-4 * abs(fused["losses"][3])
 
 
 def _distance(state, other) -> float:
