@@ -126,8 +126,8 @@ class MasterWeights:
 
     def compute(self, *_) -> None:
         """Before a forward pass: the copies, refreshed from the masters, go into the model.
-        The fused update wrote them as it stepped the masters: they are refreshed only if a
-        master changed since (a checkpoint load, or the masters' versions tell nothing else)."""
+        After the fused update, which wrote them as it stepped the masters, they are refreshed
+        only if a master changed since (a checkpoint load's in-place copy raises its version)."""
         if self.computing:
             return
         import torch
