@@ -234,8 +234,6 @@ def bench_adamw(args, device) -> list[dict]:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
 
-            if path == "unfused":
-                weights.fused[id(optimizer)] = "measured unfused"
             seconds, peak = timed(update, device, args.reps)
             numel = sum(p.numel() for p in weights.masters)
             records.append({"bench": "adamw", "model": model, "path": path, "params": numel, "ms": seconds * 1e3,
@@ -291,8 +289,6 @@ def table(out: Path) -> None:
                          ratio(get["fp8_torch_quant"], get["bf16"]), f"{get['bf16_gemm']:.0f}",
                          f"{get['fp8_gemm']:.0f}", ratio(get["fp8_gemm"], get["bf16_gemm"]))
         console.print(grid)
-
-
     steps = [r for r in records if r["bench"] == "adamw"]
     if steps:
         grid = Table(title="The master weights' update (bf16 gradients, clip, AdamW, compute copies)")

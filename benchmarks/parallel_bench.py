@@ -131,7 +131,7 @@ def kernel_table(prof, rows: int = 40) -> str:
     return "\n".join(lines + idle_table(prof))
 
 
-def idle_table(prof, rows: int = 25, is_kernel=lambda e: "CUDA" in str(e.device_type)) -> list[str]:
+def idle_table(prof, rows: int = 25) -> list[str]:
     """Where the GPU waits for the host in the profiled step: its idle time between the first
     and last kernel, by what the host was doing (``host_during``), and the longest gaps."""
     import bisect
@@ -139,7 +139,7 @@ def idle_table(prof, rows: int = 25, is_kernel=lambda e: "CUDA" in str(e.device_
 
     events = list(prof.events())
     kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
-                     if is_kernel(e) and e.time_range.end > e.time_range.start)
+                     if "CUDA" in str(e.device_type) and e.time_range.end > e.time_range.start)
     if not kernels:
         return []
     host = [e for e in events if "CPU" in str(e.device_type)]

@@ -27,5 +27,19 @@ def test_clip_matches_torch(dtype, max_norm):
         torch.testing.assert_close(a.grad, b.grad)
 
 
+def test_a_16_bit_gradient_norm_is_taken_in_float32():
+    """The norm of bf16 gradients is their float32 casts' norm, not rounded to bf16 per tensor
+    (3 digits); the gradients are scaled by the clip factor in bf16."""
+    ours, theirs = _params(1, torch.bfloat16), _params(1, torch.float32)
+    for a, b in zip(ours, theirs, strict=True):
+        b.grad = a.grad.float()
+    norm = clip_grad_norm(ours, 1.0)
+    want = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    assert norm.dtype == torch.float32
+    torch.testing.assert_close(norm, want, rtol=1e-6, atol=0)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a.grad.float(), b.grad, rtol=2 ** -7, atol=0)
+
+
 def test_no_gradients():
     assert clip_grad_norm([], 1.0) == 0.0
