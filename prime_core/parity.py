@@ -3,7 +3,8 @@
     python -m prime_core.parity MODEL_DIR OUT_DIR CASES.json [--reference] [--save-ckpt] [--load-ckpt]
 
 runs each case (``{"name": ..., "model": {trainer.model keys}, "optim": {...}}``; the model is
-float32 unless the case says otherwise, and ``impl`` is the core's default unless set) for
+float32, one row per forward pass (``pass_tokens = 1``), unless the case says otherwise, and
+``impl`` is the core's default unless set) for
 ``steps`` optimizer steps on the same deterministic, variable-length packed batches, and
 writes ``OUT_DIR/<name>.pt`` with the losses, gradient norms and final full weights. Run it
 under torchrun for N processes; ``--reference`` builds the plain model instead (one process,
@@ -61,7 +62,11 @@ def run_case(case: dict, model_dir: str, out_dir: Path, *, reference: bool, save
     from prime_core.trainer.step import train_step
 
     manager = get_plugin_manager()
-    model_config = section_model("trainer", "model")(**{"name": model_dir, "dtype": "float32", **case.get("model", {})})
+    # One row per forward pass unless the case stacks them: the reference and a run of several
+    # processes would otherwise stack different rows, and the bound is for the strategy's own
+    # rounding (stacking is checked against one row per pass in tests/test_rl_pieces.py).
+    model_config = section_model("trainer", "model")(**{"name": model_dir, "dtype": "float32", "pass_tokens": 1,
+                                                        **case.get("model", {})})
     optim_config = OptimConfig(**{"lr": 1e-2, "weight_decay": 0.01, **case.get("optim", {})})
     world.dims = None
     torch.manual_seed(0)
@@ -72,7 +77,8 @@ def run_case(case: dict, model_dir: str, out_dir: Path, *, reference: bool, save
     optimizer = build_optimizer(policy.model, optim_config,
                                 cpu_offload=model_config.optim_cpu_offload and not reference)
     training = Training(world=world, policy=policy, optimizer=optimizer,
-                        scheduler=build_scheduler(optimizer, SchedulerConfig(), None))
+                        scheduler=build_scheduler(optimizer, SchedulerConfig(), None),
+                        pass_tokens=model_config.pass_tokens)
     steps = case.get("steps", STEPS)
     first = 1
     if load_ckpt:

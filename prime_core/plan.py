@@ -54,6 +54,7 @@ def estimate(config, root: str, manager=None, *, processes: int | None = None, r
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer.build import DATA_PARALLEL, decide_defaults, enabled_strategies, parallel_dims
     from prime_core.trainer.model import resolve_impl
+    from prime_core.trainer.step import rows_per_pass
 
     manager = manager or get_plugin_manager()
     model_config, _ = model_section(config, root)
@@ -77,8 +78,14 @@ def estimate(config, root: str, manager=None, *, processes: int | None = None, r
     samples = step_samples(config, root)
     if rows is None:
         rows = rows_per_rank(samples, processes // dims.rows_split) if samples else 2
-    est = start(model, model_config, processes=processes, tokens=seq_len or trainer.seq_len, rows=rows,
+    longest = seq_len or trainer.seq_len
+    stacked = 1 if any(spec.slot == "lm_head" for spec in strategies) else \
+        rows_per_pass(model, longest, model_config.pass_tokens, dims.rows_split)
+    est = start(model, model_config, processes=processes, tokens=longest * stacked, rows=-(-rows // stacked),
                 data_parallel=data_parallel, blocks=profiles, degrees=dims.degrees)
+    if stacked > 1:
+        est.notes.append(f"{stacked} rows of {longest:,} tokens go through each forward pass, stacked "
+                         f"(trainer.model.pass_tokens = {model_config.pass_tokens:,})")
     est.notes.extend(f"decided at start: {choice.shown()}" for choice in choices)
     if impl.memory is None:
         est.notes.append(f"model implementation '{impl.name}' has no memory profile: its blocks are counted as "

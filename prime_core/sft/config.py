@@ -52,7 +52,8 @@ class SFTDataConfig(Section):
     seed: int = 0
 
     micro_batch_size: Annotated[int | None, Noted(
-        "prime packs samples into seq_len-long rows and accumulates them into batch_size (the same update)")] = None
+        "prime packs samples into seq_len-long rows and accumulates them into batch_size (the same update); "
+        "model.pass_tokens sets how many rows go through one forward pass")] = None
     pack_function: Annotated[Literal["cat", "stack"], Noted("prime packs by concatenation (cat)")] = "cat"
     input_ids: Annotated[Literal["increasing", "random"] | None, Noted("prime's fake tokens are random ids")] = None
 

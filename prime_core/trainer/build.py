@@ -257,6 +257,8 @@ class Training:
     policy: Policy
     optimizer: Any
     scheduler: Any
+    pass_tokens: int = 1
+    """``trainer.model.pass_tokens``: rows up to this many tokens in all go through one pass."""
 
 
 def start_training(config, role: str, *, max_steps: int | None, seed: int, manager) -> Training:
@@ -277,4 +279,5 @@ def start_training(config, role: str, *, max_steps: int | None, seed: int, manag
     policy.model.train()
     optimizer = build_optimizer(policy.model, config.optim, cpu_offload=config.model.optim_cpu_offload)
     scheduler = build_scheduler(optimizer, config.scheduler, max_steps)
-    return Training(world=world, policy=policy, optimizer=optimizer, scheduler=scheduler)
+    return Training(world=world, policy=policy, optimizer=optimizer, scheduler=scheduler,
+                    pass_tokens=config.model.pass_tokens)

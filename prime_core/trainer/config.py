@@ -38,6 +38,12 @@ class TrainerModelConfig(ModelRef):
     without one the parameters are simply held in ``dtype``."""
     optim_cpu_offload: bool = False
     """Optimizer state in CPU memory between steps."""
+    pass_tokens: int = Field(default=2048, ge=1)
+    """Tokens one forward pass may hold: packed rows shorter than this are stacked, padded to
+    the step's longest, into one pass (a model implementation without ``Packing``, e.g.
+    ``hf``, with no fused LM head and no context parallelism; the others take one row per
+    pass). Short rows then make fewer, larger matrix products; memory is that of one row of
+    ``pass_tokens``."""
     kernels: Annotated[dict[str, str], Selects("kernels", mapping=True)] = Field(default_factory=dict)
     """Kernels by op, from the kernel registry (``op:name``), for the model implementation
     to use, e.g. ``{rmsnorm = "NAME", swiglu = "NAME"}``; ``prime plugins list`` shows them."""

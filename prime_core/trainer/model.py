@@ -29,7 +29,8 @@ def resolve_impl(model_config, manager):
 
 
 def block_causal_mask(position_ids):
-    """``[1, 1, L, L]`` boolean mask: causal within each packed sample, nothing across."""
+    """``[B, 1, L, L]`` boolean mask of ``[B, L]`` position ids: causal within each packed
+    sample, nothing across."""
     import torch
 
     starts = (position_ids == 0).long()
@@ -55,7 +56,8 @@ def token_logprobs(model, input_ids, position_ids, *, temperature: float = 1.0, 
 def predicted_logprobs(model, input_ids, position_ids, targets, *, packing=None, temperature: float = 1.0,
                        with_entropy: bool = True):
     """At every input position j: log p(``targets[j]`` | the tokens up to j) and the entropy
-    of that prediction, at ``temperature``. Shapes ``[L]``, float32.
+    of that prediction, at ``temperature``. Shapes ``[L]``, float32; for ``[B, L]`` ids of
+    several rows (models without a ``Packing`` only), ``targets`` and the results are ``[B * L]``.
 
     Models that take a ``Packing`` (native implementations) get it (derived from the position
     ids when not given: the whole row); others get a block-diagonal mask for a packed row and
@@ -70,10 +72,10 @@ def predicted_logprobs(model, input_ids, position_ids, targets, *, packing=None,
         logits = model(input_ids=input_ids, position_ids=position_ids, packing=packing).logits
     else:
         assert packing is None, "a split row needs a model implementation that takes a Packing"
-        single = bool((position_ids[0, 1:] != 0).all())
+        single = bool((position_ids[:, 1:] != 0).all())
         mask = None if single else block_causal_mask(position_ids)
         logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=False).logits
-    logp, entropy = token_logprob_fn()(logits[0], targets, float(temperature), with_entropy)
+    logp, entropy = token_logprob_fn()(logits.flatten(0, 1), targets, float(temperature), with_entropy)
     return logp, (entropy if with_entropy else None)
 
 

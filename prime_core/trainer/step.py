@@ -80,8 +80,13 @@ def train_step(training, rows: list[dict], *, max_norm: float | None, loss_fn=No
     cp = world.rows_split
     total = sum(loss_tokens(row) for row in rows)
     mine = share(rows, world.rank // cp, world.size // cp)
+    # From the whole step, not this rank's share: every rank then makes as many passes, which
+    # sharded data parallelism needs.
+    longest = max((len(row["input_ids"]) for row in rows), default=1)
+    stacked = rows_per_pass(training.policy.model, longest, training.pass_tokens, cp)
     queued = queue_forward_backward(training.policy.model, mine, total_loss_tokens=total, world=world,
-                                    loss_fn=loss_fn, loss_kwargs=loss_kwargs, temperature=temperature)
+                                    loss_fn=loss_fn, loss_kwargs=loss_kwargs, temperature=temperature,
+                                    rows_per_pass=stacked)
     # The sums are read only after the update is queued: reading them first would leave the
     # GPU idle while the host runs the hooks and queues the clipping and the optimizer.
     for hook in training.policy.before_step:
@@ -92,6 +97,42 @@ def train_step(training, rows: list[dict], *, max_norm: float | None, loss_fn=No
     keys = sorted(sums)
     sums = dict(zip(keys, distributed.all_reduce([sums[k] for k in keys], world), strict=True))
     return {**sums, "grad_norm": grad_norm, "loss_tokens": total, "rows": mine}
+
+
+def rows_per_pass(model, longest: int, pass_tokens: int, cp: int) -> int:
+    """How many packed rows go through ``model`` in one forward pass: as many rows of
+    ``longest`` tokens as fit in ``pass_tokens``, where the model takes a batch of rows
+    (attention masked from the position ids: no ``Packing``, no fused LM head) and the rows
+    are whole (no context parallelism); one otherwise."""
+    if cp > 1 or getattr(model, "lm_head_fn", None) is not None or getattr(model, "accepts_packing", False):
+        return 1
+    return max(1, pass_tokens // max(1, longest))
+
+
+def stacked_tensors(rows: list[dict], device) -> dict:
+    """``prediction_tensors`` of several whole rows as ``[B, L]`` tensors, each row padded to
+    the longest with a sample of its own (positions from 0, loss mask 0), which the
+    block-diagonal mask keeps apart from the row's samples."""
+    import torch
+
+    parts = [prediction_tensors(row, device)[0] for row in rows]
+    length = max(len(p["input_ids"]) for p in parts)
+    keys = list(dict.fromkeys(key for p in parts for key in p))  # a padding row has no teacher's values
+    for row, part in zip(rows, parts, strict=True):
+        if not row.get("padding") and set(part) != set(keys):
+            raise ValueError(f"rows of one step differ in their fields: {sorted(set(keys) - set(part))} missing")
+
+    def padded(key: str, part: dict):
+        value = part.get(key)
+        if value is None:
+            value = part["loss_mask"].new_zeros(len(part["input_ids"]))
+        pad = length - len(value)
+        if not pad:
+            return value
+        fill = torch.arange(pad, device=value.device) if key == "position_ids" else value.new_zeros(pad)
+        return torch.cat([value, fill])
+
+    return {key: torch.stack([padded(key, p) for p in parts]) for key in keys}
 
 
 def prediction_tensors(row: dict, device, cp_rank: int = 0, cp: int = 1):
@@ -126,16 +167,19 @@ def prediction_tensors(row: dict, device, cp_rank: int = 0, cp: int = 1):
 
 
 def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, loss_fn=None,
-                     loss_kwargs: dict | None = None, temperature: float = 1.0) -> dict:
-    """Forward and backward over this rank's rows; the loss is normalised by the loss tokens
-    of the whole step on every rank. With ``loss_fn`` the RL loss is used, otherwise the
-    negative log-likelihood (SFT). Returns this rank's sums (reduce them across ranks)."""
+                     loss_kwargs: dict | None = None, temperature: float = 1.0, rows_per_pass: int = 1) -> dict:
+    """Forward and backward over this rank's rows, ``rows_per_pass`` at a time; the loss is
+    normalised by the loss tokens of the whole step on every rank. With ``loss_fn`` the RL
+    loss is used, otherwise the negative log-likelihood (SFT). Returns this rank's sums
+    (reduce them across ranks)."""
     return read_sums(*queue_forward_backward(model, rows, total_loss_tokens=total_loss_tokens, world=world,
-                                             loss_fn=loss_fn, loss_kwargs=loss_kwargs, temperature=temperature))
+                                             loss_fn=loss_fn, loss_kwargs=loss_kwargs, temperature=temperature,
+                                             rows_per_pass=rows_per_pass))
 
 
 def queue_forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, loss_fn=None,
-                           loss_kwargs: dict | None = None, temperature: float = 1.0) -> tuple[dict, float]:
+                           loss_kwargs: dict | None = None, temperature: float = 1.0,
+                           rows_per_pass: int = 1) -> tuple[dict, float]:
     """``forward_backward`` without waiting for the device: its sums as device tensors, and
     the tokens computed; ``read_sums`` reads them."""
     from prime_core.trainer.model import predicted_logprobs
@@ -148,9 +192,15 @@ def queue_forward_backward(model, rows: list[dict], *, total_loss_tokens: int, w
     # for the host to queue each next row.
     device_sums: dict = {}
     tokens = 0.0
-    for row in rows:
-        t, packing = prediction_tensors(row, world.device, cp_rank, cp)
-        logp, entropy = predicted_logprobs(model, t["input_ids"][None], t["position_ids"][None], t["targets"],
+    for start in range(0, len(rows), rows_per_pass):
+        group = rows[start:start + rows_per_pass]
+        if rows_per_pass > 1:  # [B, L]; the per-token values flattened like the predictions
+            t, packing = stacked_tensors(group, world.device), None
+            t = {key: value if key in ("input_ids", "position_ids") else value.flatten() for key, value in t.items()}
+        else:
+            t, packing = prediction_tensors(group[0], world.device, cp_rank, cp)
+            t = {**t, "input_ids": t["input_ids"][None], "position_ids": t["position_ids"][None]}
+        logp, entropy = predicted_logprobs(model, t["input_ids"], t["position_ids"], t["targets"],
                                            packing=packing, temperature=temperature, with_entropy=loss_fn is not None)
         mask = t["loss_mask"]
         if loss_fn is None:
@@ -163,8 +213,7 @@ def queue_forward_backward(model, rows: list[dict], *, total_loss_tokens: int, w
         loss = (per_token * mask).sum() * scale
         loss.backward()
         parts = {"loss": loss.detach().float() / world.size}
-        if not row.get("padding"):
-            tokens += len(row["input_ids"]) / cp
+        tokens += sum(len(row["input_ids"]) for row in group if not row.get("padding")) / cp
         if entropy is not None:
             parts["entropy"] = (entropy.detach() * mask).sum().float() / norm
         for key in ("mismatch_kl", "is_masked", "teacher_kl"):
