@@ -289,12 +289,12 @@ def test_weights_are_published_in_the_background_as_snapshots_of_their_step(tmp_
 def test_rows_stacked_into_one_pass_give_one_row_at_a_time_s_loss_and_gradients():
     """Rows of different lengths (several samples each, a padding row without the teacher's
     values the others carry), in float64, with and without the RL loss: stacked three to a
-    pass, the sums and every gradient are those of one row per pass; the tokens counted are
-    the real ones, not the padding."""
+    pass, or re-packed into rows as long as the longest sample, the sums and every gradient
+    are those of one row per pass; the tokens counted are the real ones, not the padding."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from prime_core.distributed import World
-    from prime_core.trainer.step import forward_backward, padding_row
+    from prime_core.trainer.step import forward_backward, padding_row, repacked
 
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -305,7 +305,9 @@ def test_rows_stacked_into_one_pass_give_one_row_at_a_time_s_loss_and_gradients(
         n = sum(lengths)
         out = {"input_ids": torch.randint(1, 64, (n,), generator=generator).tolist(),
                "position_ids": [p for length in lengths for p in range(length)],
-               "loss_mask": (torch.rand(n, generator=generator) < 0.7).long().tolist(),
+               # a sample's first token is prompt: nothing predicts it (across a boundary) in the loss
+               "loss_mask": [int(bool(p) and float(torch.rand(1, generator=generator)) < 0.7)
+                             for length in lengths for p in range(length)],
                "advantages": torch.randn(n, generator=generator).tolist(),
                "inference_logprobs": (-torch.rand(n, generator=generator) * 3).tolist()}
         if teacher:
@@ -315,20 +317,24 @@ def test_rows_stacked_into_one_pass_give_one_row_at_a_time_s_loss_and_gradients(
     rows = [row(5, 9, 3), row(11), row(4, 4), padding_row(), row(2, 6, 7, 1), row(13)]
     total = sum(sum(r["loss_mask"]) for r in rows)
 
-    def run(rows_per_pass: int, loss_fn):
+    def run(rows, rows_per_pass: int, loss_fn):
         model.zero_grad()
         sums = forward_backward(model, rows, total_loss_tokens=total, world=World(), loss_fn=loss_fn,
                                 rows_per_pass=rows_per_pass)
         return sums, {name: p.grad.clone() for name, p in model.named_parameters()}
 
+    shorter = repacked(rows)  # 11 samples into rows of 13, the longest
+    assert len(shorter) == 5 and {len(r["input_ids"]) for r in shorter} == {13}
     for loss_fn in (None, default_loss):
-        (one, one_grads), (stacked, stacked_grads) = run(1, loss_fn), run(3, loss_fn)
-        assert stacked["tokens"] == one["tokens"] == sum(len(r["input_ids"]) for r in rows) - 2
+        one, one_grads = run(rows, 1, loss_fn)
+        assert one["tokens"] == sum(len(r["input_ids"]) for r in rows) - 2
         assert loss_fn is None or one["teacher_kl"] != 0
-        for key in one:  # the sums are read in float32
-            assert stacked[key] == pytest.approx(one[key], rel=1e-6, abs=1e-9), key
-        for name, grad in one_grads.items():
-            torch.testing.assert_close(stacked_grads[name], grad, rtol=1e-10, atol=1e-12, msg=name)
+        for sums, grads in (run(rows, 3, loss_fn), run(shorter, 4, loss_fn)):
+            assert sums["tokens"] == one["tokens"]
+            for key in one:  # the sums are read in float32
+                assert sums[key] == pytest.approx(one[key], rel=1e-6, abs=1e-9), key
+            for name, grad in one_grads.items():
+                torch.testing.assert_close(grads[name], grad, rtol=1e-10, atol=1e-12, msg=name)
 
 
 def test_rows_per_pass_fills_pass_tokens_only_where_rows_can_be_stacked():

@@ -78,12 +78,16 @@ def train_step(training, rows: list[dict], *, max_norm: float | None, loss_fn=No
 
     world = training.world
     cp = world.rows_split
+    stacked = 1
+    if stackable(training.policy.model, cp):
+        # From the whole step, not this rank's share: every rank then makes as many passes,
+        # which sharded data parallelism needs.
+        shorter = repacked(rows)
+        longest = max((len(row["input_ids"]) for row in shorter), default=1)
+        if training.pass_tokens // longest > 1:
+            rows, stacked = shorter, training.pass_tokens // longest
     total = sum(loss_tokens(row) for row in rows)
     mine = share(rows, world.rank // cp, world.size // cp)
-    # From the whole step, not this rank's share: every rank then makes as many passes, which
-    # sharded data parallelism needs.
-    longest = max((len(row["input_ids"]) for row in rows), default=1)
-    stacked = rows_per_pass(training.policy.model, longest, training.pass_tokens, cp)
     queued = queue_forward_backward(training.policy.model, mine, total_loss_tokens=total, world=world,
                                     loss_fn=loss_fn, loss_kwargs=loss_kwargs, temperature=temperature,
                                     rows_per_pass=stacked)
@@ -99,14 +103,56 @@ def train_step(training, rows: list[dict], *, max_norm: float | None, loss_fn=No
     return {**sums, "grad_norm": grad_norm, "loss_tokens": total, "rows": mine}
 
 
+def stackable(model, cp: int) -> bool:
+    """Whether ``model`` takes a batch of rows in one pass: attention masked from the position
+    ids (no ``Packing``, no fused LM head), whole rows (no context parallelism)."""
+    return cp == 1 and getattr(model, "lm_head_fn", None) is None and not getattr(model, "accepts_packing", False)
+
+
 def rows_per_pass(model, longest: int, pass_tokens: int, cp: int) -> int:
     """How many packed rows go through ``model`` in one forward pass: as many rows of
-    ``longest`` tokens as fit in ``pass_tokens``, where the model takes a batch of rows
-    (attention masked from the position ids: no ``Packing``, no fused LM head) and the rows
-    are whole (no context parallelism); one otherwise."""
-    if cp > 1 or getattr(model, "lm_head_fn", None) is not None or getattr(model, "accepts_packing", False):
-        return 1
-    return max(1, pass_tokens // max(1, longest))
+    ``longest`` tokens as fit in ``pass_tokens`` where the model is ``stackable``; one otherwise."""
+    return max(1, pass_tokens // max(1, longest)) if stackable(model, cp) else 1
+
+
+def repacked(rows: list[dict]) -> list[dict]:
+    """The samples of ``rows`` (each begins where ``position_ids`` is 0), first-fit-decreasing
+    into rows as long as the longest sample. Every sample keeps its tokens and values, so the
+    loss and its gradients are unchanged; what changes is the cost of a mask-based attention,
+    which computes every pair of a row's positions: rows of 2,048 tokens holding samples of
+    100 spend most of it between samples. Padding rows are dropped (``share`` pads again)."""
+    import numpy as np
+
+    pieces = []
+    for row in rows:
+        if row.get("padding"):
+            continue
+        positions = np.asarray(row["position_ids"])
+        bounds = sorted({0, *np.flatnonzero(positions == 0).tolist(), len(positions)})
+        keys = [key for key in _KEYS if row.get(key) is not None]
+        spans = zip(bounds[:-1], bounds[1:], strict=True)
+        pieces += [{key: np.asarray(row[key])[a:b] for key in keys} for a, b in spans]
+    if not pieces:
+        return list(rows)
+    length = max(len(piece["input_ids"]) for piece in pieces)
+    groups: list[list[dict]] = []
+    used: list[int] = []
+    for piece in sorted(pieces, key=lambda p: -len(p["input_ids"])):
+        n = len(piece["input_ids"])
+        slot = next((i for i, u in enumerate(used) if u + n <= length), None)
+        if slot is None:
+            groups.append([piece])
+            used.append(n)
+        else:
+            groups[slot].append(piece)
+            used[slot] += n
+    out = []
+    for group in groups:
+        keys = [key for key in _KEYS if any(key in piece for piece in group)]
+        # A sample no teacher scored has 0.0 (``MicroBatch``) beside samples that have values.
+        out.append({key: np.concatenate([piece[key] if key in piece else np.zeros(len(piece["input_ids"]))
+                                         for piece in group]) for key in keys})
+    return out
 
 
 def stacked_tensors(rows: list[dict], device) -> dict:

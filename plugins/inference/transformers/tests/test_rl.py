@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -82,7 +83,8 @@ def test_a_short_rl_run_samples_what_the_trainer_computes_and_updates_inference(
     assert all(r["reward"] == r["reward"] for r in orchestrator)  # logged (not NaN)
 
     server_log = (out / "logs" / f"transformers-{port}.log").read_text()
-    assert "loaded weights of step 1 from" in server_log and "served " in server_log
+    # the newest version when the orchestrator asks: with async_level 1 that may be step 1 or 2
+    assert re.search(r"loaded weights of step [12] from", server_log) and "served " in server_log
     if transport != "filesystem":
         assert {"ipc": "shared through a shared file", "nccl": "received over gloo"}[transport] in server_log
         assert not list((out / "weights").glob("step_*/*.safetensors"))  # no version went through files
