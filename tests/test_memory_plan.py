@@ -116,3 +116,20 @@ def test_prime_run_warns_before_a_run_that_will_not_fit(monkeypatch, installed_p
     assert len(warnings) == 1  # fits: nothing said
     cpu = LaunchPlan(launcher="local", output_dir=Path("out"), placement=[{"role": "trainer", "gpus": "cpu"}])
     assert plan_module.warn_before_launch(config, "rl", cpu, warnings.append) is None
+
+
+def test_the_plan_counts_rows_stacked_into_one_pass(installed_plugins, tiny):
+    """An hf model with rows shorter than ``trainer.model.pass_tokens`` takes several rows per
+    forward pass (``prime_core.trainer.step.rows_per_pass``): their activations are counted
+    together and the plan says so; with one row per pass, one row's."""
+    from prime_core.cli.common import load_config
+    from prime_core.plan import predict
+
+    args = ["--trainer.model.name", str(tiny), "--trainer.model.impl", "hf", "--seq-len", "256",
+            "--orchestrator.batch-size", "64"]
+    stacked = predict(load_config("rl", args), "rl")
+    single = predict(load_config("rl", [*args, "--trainer.model.pass-tokens", "256"]), "rl")
+    assert any("8 rows of 256 tokens go through each forward pass" in note for note in stacked.notes), stacked.notes
+    assert not any("stacked" in note for note in single.notes), single.notes
+    assert (stacked.tokens, single.tokens) == (2048, 256)
+    assert stacked.terms["activations"] > 4 * single.terms["activations"]

@@ -84,8 +84,9 @@ def train_step(training, rows: list[dict], *, max_norm: float | None, loss_fn=No
         # which sharded data parallelism needs.
         shorter = repacked(rows)
         longest = max((len(row["input_ids"]) for row in shorter), default=1)
-        if training.pass_tokens // longest > 1:
-            rows, stacked = shorter, training.pass_tokens // longest
+        stacked = rows_per_pass(training.policy.model, longest, training.pass_tokens, cp)
+        if stacked > 1:
+            rows = shorter
     total = sum(loss_tokens(row) for row in rows)
     mine = share(rows, world.rank // cp, world.size // cp)
     queued = queue_forward_backward(training.policy.model, mine, total_loss_tokens=total, world=world,
