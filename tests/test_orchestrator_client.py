@@ -147,18 +147,19 @@ def test_orchestrator_samples_only_through_the_client_and_router(canned, tmp_pat
     probe = samples[0]
     assert probe[1] == URLS[0] and probe[2].temperature == 0.0 and probe[2].max_tokens == 8
 
-    # Every rollout's request: picked by the router, on the replica it picked, with an outcome.
+    # Every group's request (its rollouts' first turns as one, n = 2): picked by the router, on
+    # the replica it picked, with an outcome.
     picks, dones = [e for e in log if e[0] == "pick"], [e for e in log if e[0] == "done"]
     assert picks[0][2] is probe[2]
     picks = picks[1:]
-    assert len(picks) == len(dones) - 1 == 8, "2 steps x 2 groups x 2 rollouts, after the probe"
+    assert len(picks) == len(dones) - 1 == 4, "2 steps x 2 groups, after the probe"
     assert {url for _, url, _ in picks} == set(URLS)
     assert all(ok and latency >= 0 for _, _, ok, latency in dones)
     for _, url, request in picks:
         assert ("sample", url, request) in samples
-        assert (request.n, request.temperature, request.top_p) == (1, 0.7, 0.9)
+        assert (request.n, request.temperature, request.top_p) == (2, 0.7, 0.9)
         assert request.max_tokens == 64 - len(request.prompt_ids)
-    assert len({request.session_id for _, _, request in picks}) == 8, "a session per rollout"
+    assert len({request.session_id for _, _, request in picks}) == 4, "a session per group"
     assert sorted(e[1] for e in log if e[0] == "close") == sorted(URLS)
 
     # The batches hold the sampled tokens and logprobs exactly.
@@ -227,11 +228,11 @@ def test_a_failed_request_is_retried_on_another_replica_and_stops_the_run_when_a
     assert len(picks) == len(dones) > 0, "every pick gets its done, also for failed requests"
     failed = [e for e in dones if not e[2]]
     assert failed and all(e[1] == URLS[1] for e in failed), "the router heard of each failure"
-    assert sum(e[2] for e in dones) == 8, "each of the 8 rollouts succeeded on the other replica"
+    assert sum(e[2] for e in dones) == 4, "each of the 4 groups' requests succeeded on the other replica"
     metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert sum(m["request_retries"] for m in metrics) == len(failed)
     served = {url: sum(m[f"replica_requests/{url}"] for m in metrics) for url in ("replica-a:1", "replica-b:2")}
-    assert served == {"replica-a:1": 8, "replica-b:2": 0}
+    assert served == {"replica-a:1": 4, "replica-b:2": 0}
     assert [m["replicas_up"] for m in metrics] == [2, 2], "a replica that answers its health check stays in"
 
     plugin.fail = True  # every replica fails every request: the run stops with the error

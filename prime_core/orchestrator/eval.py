@@ -73,7 +73,8 @@ async def evaluate(envs: list[tuple[str, Any]], run_one: RunOne, *, num_examples
         own = (per_env or {}).get(name, (None, None))
         count, k = (o if o is not None and o > 0 else d for o, d in zip(own, defaults, strict=True))
         tasks = env.tasks(random.Random(seed), count)
-        outcomes = await asyncio.gather(*(one(name, env, task, f"{tag}-{name}-{e}-{i}")
+        # An example's rollouts are one session (their first turns go as one request).
+        outcomes = await asyncio.gather(*(one(name, env, task, f"{tag}-{name}-{e}")
                                           for e, task in enumerate(tasks) for i in range(k)))
         errors = sum(o.error is not None for o in outcomes)
         # A rollout that raised scores 0: it counts against the policy as a failed attempt would.

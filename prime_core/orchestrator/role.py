@@ -42,6 +42,7 @@ from prime_core.inference.client import SampleRequest
 from prime_core.metrics import METRICS_FILE, MetricsLogger, drop_steps_from
 from prime_core.orchestrator import filters
 from prime_core.orchestrator.batch import TrainingSample, pack, remove_batches_from, write_batch
+from prime_core.orchestrator.coalesce import Coalescer
 from prime_core.orchestrator.episode import Episode, Limits, Outcome, env_tools, run_episode
 from prime_core.orchestrator.pool import ReplicaPool
 from prime_core.plugins import get_plugin_manager
@@ -224,9 +225,9 @@ class Orchestrator:
     # ------------------------------------------------------------------ sampling
 
     def episode(self, env, task, session_id: str, *, temperature: float | None = None,
-                seed: int | None = None, pool: ReplicaPool | None = None) -> Episode:
+                seed: int | None = None, sampler=None) -> Episode:
         sampling = self.config.sampling
-        return Episode(task=task, sampler=(pool or self.pool).sample, tokenizer=self.tokenizer, parse=self.parse,
+        return Episode(task=task, sampler=sampler or self.pool.sample, tokenizer=self.tokenizer, parse=self.parse,
                        limits=self.limits, tools=env_tools(env, task), session_id=session_id,
                        temperature=sampling.temperature if temperature is None else temperature,
                        top_p=sampling.top_p, seed=seed)
@@ -245,8 +246,10 @@ class Orchestrator:
         turn_max = self.config.sampling.max_tokens
         if turn_max is not None and turn_max > self.config.seq_len - len(prompt_ids):
             self.fit["completions_capped"] += 1  # sampled up to seq_len, never cut afterwards
-        # Every rollout is its own session: the router may keep its turns on one replica.
-        episodes = [self.episode(env, task, f"group-{group}-{i}", pool=self.rollouts,
+        # The group is one session: a router keeps its rollouts, which share their prompt, on
+        # one replica, and their first turns go as one request (``Coalescer``).
+        shared = Coalescer(self.rollouts.sample)
+        episodes = [self.episode(env, task, f"group-{group}", sampler=shared.sample,
                                  seed=None if seed is None else (seed * 1_000_003 + group * 7919 + i * 104_729) % 2**31)
                     for i in range(self.config.rollouts_per_example)]
         outcomes = await asyncio.gather(*(run_episode(env, task, episode) for episode in episodes))
@@ -319,9 +322,11 @@ class Orchestrator:
         from prime_core.orchestrator.eval import evaluate
 
         config = self.config.eval
+        shared = Coalescer(self.pool.sample)
 
         async def run_one(name, env, task, session):
-            return await run_episode(env, task, self.episode(env, task, session, temperature=config.temperature))
+            return await run_episode(env, task, self.episode(env, task, session, temperature=config.temperature,
+                                                             sampler=shared.sample))
 
         per_env = {env.name or env.id: (env.num_examples, env.rollouts_per_example) for env in config.env}
         return await evaluate(self.eval_envs, run_one, num_examples=config.num_examples if config.num_examples > 0
