@@ -338,3 +338,28 @@ def test_a_replica_that_may_fail_is_noted_and_the_run_goes_on(tmp_path, may_fail
                          f"(log: {tmp_path / 'logs' / 'inference[1].log'})"]
     else:
         assert outcome.failed_role == "inference[1]" and outcome.code == 3 and not notes
+
+
+@pytest.mark.parametrize("user_policy", [None, "ACTIVE"])
+def test_roles_sharing_the_cores_get_openmp_threads_that_sleep_unless_the_user_chose(tmp_path, monkeypatch,
+                                                                                     user_policy):
+    """Several roles on one machine: ``OMP_WAIT_POLICY=PASSIVE`` (spinning OpenMP threads
+    take the cores from the other roles'); a policy the user set is kept; a lone process gets
+    nothing added."""
+    from prime_core.launch.plan import LaunchPlan, RoleProcess
+    from prime_core.launch.supervise import supervise
+
+    if user_policy is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", user_policy)
+
+    def proc(role: str) -> RoleProcess:
+        code = f"import os; open({str(tmp_path / role)!r}, 'w').write(os.environ.get('OMP_WAIT_POLICY', '-'))"
+        return RoleProcess(role=role, command=[sys.executable, "-c", code], config=tmp_path / f"{role}.json",
+                           log=tmp_path / "logs" / f"{role}.log")
+
+    assert supervise(LaunchPlan(launcher="test", output_dir=tmp_path, processes=[proc("a"), proc("b")])).code == 0
+    assert supervise(LaunchPlan(launcher="test", output_dir=tmp_path, processes=[proc("alone")])).code == 0
+    shared = user_policy or "PASSIVE"
+    assert [(tmp_path / r).read_text() for r in ("a", "b", "alone")] == [shared, shared, user_policy or "-"]
