@@ -519,8 +519,8 @@ def test_orchestrator_runs_on_a_backend_registered_in_process(role, admin, tiny,
         admin.update_weights(tiny)  # later tests expect the original weights
     assert [calls.count(("load_weights", u)) for u in urls] == [2, 2], "the base model, then v1, on every replica"
     sampled = [u for kind, u in calls if kind == "sample"]
-    # each rollout is its own request (an episode): 2 steps x 4 groups x 2 rollouts, round robin
-    assert [sampled.count(u) for u in urls] == [1 + 8, 8], "the probe on the first, then alternating"
+    # a group's rollouts share their one-turn request (n = 2): 2 steps x 4 groups, round robin
+    assert [sampled.count(u) for u in urls] == [1 + 4, 4], "the probe on the first, then alternating"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["weights_version"] == 1 for r in rows)
     batch = read_batch(batch_file(out, 1))
