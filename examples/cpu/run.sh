@@ -29,13 +29,13 @@ from pathlib import Path
 from prime_core.orchestrator.env import Task
 from prime_core.orchestrator.expected import expected_exact_match
 from prime_core.weights import versions
+from prime_plugin_tasks.arithmetic import SYSTEM as system
 out = Path(sys.argv[1])
 rows = [json.loads(l) for l in open(out / "rl" / "metrics.jsonl") if l.strip()]
 rewards = [r["reward"] for r in rows if r.get("role") == "orchestrator"]
 k = max(1, min(10, len(rewards) // 4))
 first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
 print(f"sampled reward: first {k} steps {first:.3f} -> last {k} steps {last:.3f} ({len(rewards)} steps)")
-system = "Add the numbers. Reply with the result only."
 sums = [Task(prompt=[{"role": "system", "content": system}, {"role": "user", "content": f"{a}+{b}"}],
              answer=str(a + b)) for a in range(10) for b in range(10)]
 final = versions(out / "rl" / "weights")[-1][1]
