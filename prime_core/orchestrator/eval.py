@@ -75,7 +75,7 @@ async def evaluate(envs: list[tuple[str, Any]], run_one: RunOne, *, num_examples
         tasks = env.tasks(random.Random(seed), count)
         # An example's rollouts are one session (their first turns go as one request).
         outcomes = await asyncio.gather(*(one(name, env, task, f"{tag}-{name}-{e}")
-                                          for e, task in enumerate(tasks) for i in range(k)))
+                                          for e, task in enumerate(tasks) for _ in range(k)))
         errors = sum(o.error is not None for o in outcomes)
         # A rollout that raised scores 0: it counts against the policy as a failed attempt would.
         rewards = [[o.reward if o.error is None else 0.0 for o in outcomes[e * k:(e + 1) * k]]
