@@ -1,7 +1,7 @@
 """``prime_core.orchestrator.coalesce``: a group's identical first requests go as one request
 with ``n`` = their count, each rollout getting its own sample; anything else goes as it is.
-The single-turn and tool-using rollouts of a group through ``run_episode``, and the
-orchestrator's groups against real vLLM, are in ``test_rl_e2e.py`` / ``test_agentic_e2e.py``."""
+The orchestrator's groups against real vLLM are in ``test_rl_e2e.py`` and
+``test_agentic_e2e.py``; its request counts in ``test_orchestrator_client.py``."""
 
 from __future__ import annotations
 

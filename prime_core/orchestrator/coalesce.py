@@ -1,8 +1,8 @@
 """One request for the rollouts that ask the same thing at the same time.
 
 The rollouts of a group start from one prompt, so their first requests are identical: sent
-together as one request with ``n`` = their count, the server prefills the prompt once and
-answers once (on 2 CPU cores, 256 samples of 6 tokens from a tiny model took 2.4 s as 256
+together as one request with ``n`` = their count, the server answers once and can prefill
+the prompt once (vLLM does; on 2 CPU cores, 256 samples of 6 tokens from a tiny model took 2.4 s as 256
 requests and 0.3 s as 32 requests of ``n = 8``). The samples are what separate requests would
 have drawn: ``n`` independent continuations of the prompt, each with its own tokens and
 log-probabilities. Requests that differ in anything (a later turn, another seed, another

@@ -42,7 +42,7 @@ from prime_core.inference.client import SampleRequest
 from prime_core.metrics import METRICS_FILE, MetricsLogger, drop_steps_from
 from prime_core.orchestrator import filters
 from prime_core.orchestrator.batch import TrainingSample, pack, remove_batches_from, write_batch
-from prime_core.orchestrator.coalesce import Coalescer
+from prime_core.orchestrator.coalesce import Coalescer, Sampler
 from prime_core.orchestrator.episode import Episode, Limits, Outcome, env_tools, run_episode
 from prime_core.orchestrator.pool import ReplicaPool
 from prime_core.plugins import get_plugin_manager
@@ -225,7 +225,7 @@ class Orchestrator:
     # ------------------------------------------------------------------ sampling
 
     def episode(self, env, task, session_id: str, *, temperature: float | None = None,
-                seed: int | None = None, sampler=None) -> Episode:
+                seed: int | None = None, sampler: Sampler | None = None) -> Episode:
         sampling = self.config.sampling
         return Episode(task=task, sampler=sampler or self.pool.sample, tokenizer=self.tokenizer, parse=self.parse,
                        limits=self.limits, tools=env_tools(env, task), session_id=session_id,
