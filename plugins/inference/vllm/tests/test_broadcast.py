@@ -22,7 +22,7 @@ import sys, time, torch
 from pathlib import Path
 from prime_plugin_vllm.broadcast import Receiver, read_descriptor
 root, out, die_after = Path(sys.argv[1]), Path(sys.argv[3]), int(sys.argv[4])
-device = sys.argv[5]
+device, hold = sys.argv[5], sys.argv[6] == "hold"
 if device.startswith("cuda"):
     torch.cuda.set_device(device)
 steps = [int(s) for s in sys.argv[2].split(",")]
@@ -42,11 +42,12 @@ for step in steps:
         for i, (name, tensor) in enumerate(receiver.receive(step)):
             if die_after >= 0 and i >= die_after:
                 import os; os._exit(3)
-            got[name] = tensor.cpu().clone()
+            # hold: keep the received views to the end, as a consumer that collects a version first
+            got[name] = tensor if hold else tensor.cpu().clone()
     except RuntimeError as exc:
         print("ERROR:", exc, flush=True)
         sys.exit(2)
-    torch.save(got, out.with_suffix(f".{step}.pt"))
+    torch.save({name: tensor.cpu().clone() for name, tensor in got.items()}, out.with_suffix(f".{step}.pt"))
 print("rank", receiver.rank, flush=True)
 
 """
@@ -71,9 +72,11 @@ def publisher(out: Path, receivers: int, timeout: float = 20.0, bucket_mb: float
     return BroadcastPublisher(config, output_dir=out)
 
 
-def start_receiver(out: Path, steps, name: str, die_after: int = -1, device: str = "cpu") -> subprocess.Popen:
+def start_receiver(out: Path, steps, name: str, die_after: int = -1, device: str = "cpu",
+                   hold: bool = False) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", RECEIVER, str(out), ",".join(map(str, steps)), str(out / name),
-                             str(die_after), device], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             str(die_after), device, "hold" if hold else "copy"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def test_every_version_reaches_every_receiver_exactly(tmp_path):
@@ -81,7 +84,9 @@ def test_every_version_reaches_every_receiver_exactly(tmp_path):
 
     from prime_plugin_vllm.broadcast import BroadcastLoader, is_broadcast
 
-    receivers = [start_receiver(tmp_path, (1, 2), f"r{i}") for i in range(2)]
+    # r1 holds every tensor of a version until its end: the buffers its buckets came in are not
+    # reused under it (r0 copies each tensor as it comes, and its buffers are reused).
+    receivers = [start_receiver(tmp_path, (1, 2), f"r{i}", hold=i == 1) for i in range(2)]
     sender = publisher(tmp_path, 2)
     for step in (1, 2):
         folder = sender.publish(None, step, state(step))
@@ -226,3 +231,33 @@ def test_prime_run_counts_the_receivers_for_either_backend(prime_cli, tmp_path):
 
     assert get_plugin_manager().select("weight_transports", "nccl", key="weight_broadcast.type").backends == (
         "vllm", "transformers")
+
+
+def test_bucket_buffers_are_reused_only_once_no_view_of_them_is_held():
+    import torch
+
+    from prime_plugin_vllm.broadcast import BucketBuffers
+
+    buffers = BucketBuffers("cpu")
+    first = buffers.take(100)
+    second = buffers.take(100)  # the first is in use
+    assert second.data_ptr() != first.data_ptr()
+    address = first.data_ptr()
+    kept = first[10:20].view(torch.int16)  # a consumer keeps a tensor of the first bucket
+    del first
+    third = buffers.take(60)  # neither is free: a new one, which replaces one of the two held
+    assert third.data_ptr() not in (address, second.data_ptr())
+    del kept, third
+    again = buffers.take(100)  # the newest held one is too small; the other is free again
+    assert again.numel() == 100 and again.data_ptr() != address
+    del again, second
+    assert buffers.take(100).data_ptr() in {held.data_ptr() for held, _ in buffers._held}
+
+
+def test_bucket_buffers_on_other_devices_are_never_held():
+    from prime_plugin_vllm.broadcast import BucketBuffers
+
+    buffers = BucketBuffers("meta")
+    buffers.take(100)
+    buffers.take(100)
+    assert buffers._held == []
