@@ -267,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="folder for models, weights and logs (default: temporary)")
     parser.add_argument("--out", type=Path, help="append one JSON line per model and transport here")
     args = parser.parse_args(argv)
+    # This process is the trainer here and shares the cores with the replicas: its OpenMP threads
+    # sleep when idle, as `prime run` has every role's do (set before torch is imported).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     work = args.work or Path(tempfile.mkdtemp(prefix="prime-weights-"))
     rows = []
     for name in args.models:
@@ -277,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("a") as f:
             for row in rows:
-                f.write(json.dumps({**row, "when": stamp, "host_cpus": os.cpu_count(), "commit": _commit()}) + "\n")
+                f.write(json.dumps({**row, "when": stamp, "host_cpus": os.cpu_count(), "commit": _commit(),
+                                    "omp_wait_policy": os.environ["OMP_WAIT_POLICY"]}) + "\n")
     return 0
 
 
