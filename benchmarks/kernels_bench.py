@@ -3,7 +3,7 @@
 
     python3 benchmarks/kernels_bench.py lm_head --tokens 8192 16384 32768 65536 --out $OUT
     python3 benchmarks/kernels_bench.py fp8 --tokens 8192 --out $OUT
-    python3 benchmarks/kernels_bench.py adamw --out $OUT
+    python3 benchmarks/kernels_bench.py adamw --out $OUT                       # --launch 4096:4 1024:8: launch shapes
     python3 benchmarks/kernels_bench.py table --out $OUT
 
 ``lm_head``: forward + backward of the LM head at Qwen3's vocabulary (151,936) and hidden size
@@ -210,12 +210,15 @@ def bench_adamw(args, device) -> list[dict]:
     import torch
 
     from prime_core.trainer.optim import clip_grad_norm
+    from prime_plugin_fsdp import adamw
     from prime_plugin_fsdp.one_process import MasterWeights
 
+    default = (adamw.BLOCK, adamw.WARPS)
+    launches = [tuple(int(x) for x in text.split(":")) for text in args.launch] or [default]
     records = []
     for model in args.models:
         shapes = adamw_shapes(model, args.tiny)
-        for path in ("unfused", "fused"):
+        for path, (adamw.BLOCK, adamw.WARPS) in [("unfused", default)] + [("fused", launch) for launch in launches]:
             module = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(s, device=device) * 0.02) for s in shapes])
             weights = MasterWeights(module, torch.bfloat16)
             optimizer = torch.optim.AdamW(list(module.parameters()), lr=1e-5, weight_decay=0.01,
@@ -238,11 +241,13 @@ def bench_adamw(args, device) -> list[dict]:
             numel = sum(p.numel() for p in weights.masters)
             records.append({"bench": "adamw", "model": model, "path": path, "params": numel, "ms": seconds * 1e3,
                             "gbps": numel * (30 if path == "fused" else 52) / seconds / 1e9,
-                            "peak_gib": peak / 2**30})
+                            "peak_gib": peak / 2**30, **({"block": adamw.BLOCK, "warps": adamw.WARPS}
+                                                         if path == "fused" else {})})
             emit(args, records[-1])
             del module, weights, optimizer, grads, update
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+    adamw.BLOCK, adamw.WARPS = default
     return records
 
 
@@ -296,7 +301,8 @@ def table(out: Path) -> None:
             grid.add_column(column, justify="right")
         base = {r["model"]: r["ms"] for r in steps if r["path"] == "unfused"}
         for r in steps:
-            grid.add_row(r["model"], f"{r['params'] / 1e9:.2f}B", r["path"], f"{r['ms']:.1f}", f"{r['gbps']:.0f}",
+            path = f"fused {r['block']}x{r['warps']}" if "block" in r else r["path"]
+            grid.add_row(r["model"], f"{r['params'] / 1e9:.2f}B", path, f"{r['ms']:.1f}", f"{r['gbps']:.0f}",
                          ratio(r["ms"], base.get(r["model"])))
         console.print(grid)
 
@@ -309,6 +315,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", choices=("lm_head", "fp8", "adamw", "table"))
     parser.add_argument("--models", nargs="+", default=["1.7B", "moe"], help="adamw: the shapes")
+    parser.add_argument("--launch", nargs="+", default=[], metavar="BLOCK:WARPS",
+                        help="adamw: time the fused kernel at each of these launch shapes (default: its own)")
     parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("/tmp/prime-kernels"))

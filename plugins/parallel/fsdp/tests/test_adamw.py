@@ -27,10 +27,10 @@ class Weights:
         self.copies = [m.detach().to(torch.bfloat16) for m in masters]
         self.index_of = {id(m): i for i, m in enumerate(masters)}
         self.step_counts = StepCounts()
-        self.grid = grid([m.numel() for m in masters], 4096, masters[0].device)
+        self.grid = lambda block: grid([m.numel() for m in masters], block, masters[0].device)
 
     def step_grid(self, block):
-        return self.grid
+        return self.grid(block)
 
 
 def _masters(seed):
