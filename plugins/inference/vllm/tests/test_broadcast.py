@@ -116,7 +116,8 @@ def test_the_same_protocol_runs_over_nccl_between_two_gpus(tmp_path):
     receivers = [start_receiver(tmp_path, (1, 2), f"r{i}", device=f"cuda:{i + 1}") for i in range(count)]
     sender = publisher(tmp_path, count)
     for step in (1, 2):
-        sender.publish(None, step, {k: v.to("cuda:0") for k, v in state(step).items()})
+        moved = {}  # tied tensors stay one storage on the GPU, sent once
+        sender.publish(None, step, {k: moved.setdefault(id(v), v.to("cuda:0")) for k, v in state(step).items()})
     outputs = [r.communicate(timeout=120)[0] for r in receivers]
     assert all(r.returncode == 0 for r in receivers), outputs
     assert read_descriptor_backend(tmp_path) == "nccl"
@@ -217,15 +218,15 @@ def test_prime_run_counts_the_receivers_for_either_backend(prime_cli, tmp_path):
     example = Path(__file__).resolve().parents[4] / "examples" / "cpu" / "rl.toml"
     args = ["run", str(example), "--model.name", "Qwen/Qwen3-0.6B", "--weight-broadcast.type", "nccl",
             "--dry-run", "--inference.parallel.dp", "2", "--inference.parallel.tp", "1"]
-    result = prime_cli(*args, "--output-dir", str(tmp_path / "a"), env={"HF_HUB_OFFLINE": "0"})
+    cpu = {"HF_HUB_OFFLINE": "0", "CUDA_VISIBLE_DEVICES": ""}  # the CPU example's placement, on a GPU machine too
+    result = prime_cli(*args, "--output-dir", str(tmp_path / "a"), env=cpu)
     assert result.exit_code == 0, result.output
     for role in ("trainer", "orchestrator"):
         section = json.loads((tmp_path / "a" / "configs" / f"{role}.json").read_text())["weight_broadcast"]
         assert (section["type"], section["inference_world_size"]) == ("nccl", 2)
         assert section["host"] == "127.0.0.1", "every role on this machine: the rendezvous stays on loopback"
     # the transformers backend receives the broadcast too; no other backend can (WeightTransport.backends)
-    other = prime_cli(*args, "--inference.backend", "transformers", "--output-dir", str(tmp_path / "b"),
-                      env={"HF_HUB_OFFLINE": "0"})
+    other = prime_cli(*args, "--inference.backend", "transformers", "--output-dir", str(tmp_path / "b"), env=cpu)
     assert other.exit_code == 0, other.output
     from prime_core.plugins import get_plugin_manager
 
@@ -238,20 +239,24 @@ def test_bucket_buffers_are_reused_only_once_no_view_of_them_is_held():
 
     from prime_plugin_vllm.broadcast import BucketBuffers
 
+    def held():
+        return [buffer.data_ptr() for buffer, _ in buffers._held]
+
     buffers = BucketBuffers("cpu")
     first = buffers.take(100)
-    second = buffers.take(100)  # the first is in use
-    assert second.data_ptr() != first.data_ptr()
-    address = first.data_ptr()
+    second = buffers.take(100)  # the first is in use: another one
+    assert held() == [first.data_ptr(), second.data_ptr()]
     kept = first[10:20].view(torch.int16)  # a consumer keeps a tensor of the first bucket
     del first
-    third = buffers.take(60)  # neither is free: a new one, which replaces one of the two held
-    assert third.data_ptr() not in (address, second.data_ptr())
+    third = buffers.take(60)  # both still in use (kept and second are alive): a new one
+    assert third.data_ptr() not in (kept.data_ptr() - 10, second.data_ptr())
+    assert len(held()) == 2 and third.data_ptr() in held()  # it took the place of one of them
     del kept, third
-    again = buffers.take(100)  # the newest held one is too small; the other is free again
-    assert again.numel() == 100 and again.data_ptr() != address
+    again = buffers.take(100)  # the 60-byte one is free but too small, the second in use: a new one
+    assert again.numel() == 100 and again.data_ptr() != second.data_ptr()
     del again, second
-    assert buffers.take(100).data_ptr() in {held.data_ptr() for held, _ in buffers._held}
+    reused = buffers.take(100)  # nothing holds the 100-byte ones any more: one of them again
+    assert reused.data_ptr() in held()
 
 
 def test_bucket_buffers_on_other_devices_are_never_held():

@@ -27,9 +27,9 @@ import os
 
 BLOCK, WARPS = 1024, 8
 """Elements per program, and its warps: four elements (one 16-byte read of float32) a thread.
-On an H200, over the MoE 2.9B shape's tensors (3.19B parameters), 21.7 ms (4.4 TB/s, above
-a plain device copy's 4.3) against 24.9 ms at 4,096 and 4 warps (32 a thread); 8 or 16 a thread
-ran at 2.4-3.3 TB/s (``kernels_bench.py adamw``; stop 37's sweep in benchmarks/README.md)."""
+On an H200 the MoE 2.9B shape's update took 22.4 ms at this shape, 25.3 ms at 4,096 and 4 warps
+(32 a thread), 29-40 ms at 8 a thread (``kernels_bench.py adamw --launch``; the table is in the
+plugin's README)."""
 
 
 def why_not(weights, optimizer) -> str | None:
