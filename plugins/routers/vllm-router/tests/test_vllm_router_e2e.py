@@ -118,7 +118,9 @@ def test_rl_behind_vllm_router_learns_on_both_engines_and_goes_on_without_a_dead
     both = sum(n == "2" for _, n in loads)
     assert both >= kill_at - 3 and {n for _, n in loads[both:]} == {"1"}, loads
     updates = {p: (out / "logs" / f"vllm-{p}.log").read_text().count("POST /collective_rpc") for p in (alive, dead)}
-    assert updates[alive] == 1 + len(loads) and 1 + both <= updates[dead] <= 2 + both, (updates, loads)
+    # One more than logged where a load was under way when the run ended (or the engine died).
+    assert 1 + len(loads) <= updates[alive] <= 2 + len(loads) and 1 + both <= updates[dead] <= 2 + both, \
+        (updates, loads)
     assert "/collective_rpc" not in (out / "logs" / "vllm-router.log").read_text()
 
     # The router kept a session on one engine: the probe's requests, one per version.
