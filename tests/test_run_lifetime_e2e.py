@@ -116,9 +116,13 @@ def test_a_dead_vllm_server_is_named_with_its_own_log(model, tmp_path):
     roles: set[int] = set()
     try:
         def sampled() -> bool:
-            path = out / "metrics.jsonl"
+            # The inference role's own health check too: on a loaded machine the orchestrator can
+            # step before the role has seen /health answer, and then the role's message is "exited
+            # before becoming healthy" (seen in CI).
+            path, role_log = out / "metrics.jsonl", out / "logs" / "inference.log"
             return path.exists() and any(json.loads(line).get("role") == "orchestrator"
-                                         for line in path.read_text().splitlines() if line.strip())
+                                         for line in path.read_text().splitlines() if line.strip()) \
+                and role_log.exists() and "inference ready at" in role_log.read_text()
 
         wait_for("the first orchestrator step", sampled, 600, run)
         roles = descendants(run.pid)
