@@ -35,7 +35,7 @@ fetch() {  # fetch DIR SPEC...
       --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d "$d" "$p" 2> >(grep -v "is ignored" >&2)
   done
 }
-rm -rf "$dest"
+rm -rf "$dest/runtime" "$dest/build"  # not the rest: deepgemm_build.sh's source tarball lives here too
 fetch "$dest/runtime" "${runtime[@]}"
 fetch "$dest/build" "${build[@]}"
 # One version per distribution, or the offline install stops.

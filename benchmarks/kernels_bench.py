@@ -2,7 +2,7 @@
 """Kernel benchmarks on one GPU, each beside its baseline in the same process.
 
     python3 benchmarks/kernels_bench.py lm_head --tokens 8192 16384 32768 65536 --out $OUT
-    python3 benchmarks/kernels_bench.py fp8 --tokens 8192 --out $OUT
+    python3 benchmarks/kernels_bench.py fp8 --tokens 8192 --out $OUT    # --backends deep_gemm torch: both
     python3 benchmarks/kernels_bench.py adamw --out $OUT                       # --launch 4096:4 1024:8: launch shapes
     python3 benchmarks/kernels_bench.py table --out $OUT
 
@@ -131,17 +131,35 @@ def lm_head_at(args, device, n: int, vocab: int, hidden: int, impls: dict) -> li
     return rows
 
 
+def warm_up(device, seconds: float = 1.0) -> None:
+    """Matrix products for ``seconds`` before the first measurement: an idle GPU's clocks ramp
+    up under load (a first bf16 row measured 70 TFLOP/s where the same shape later ran 660)."""
+    import torch
+
+    if device.type != "cuda":
+        return
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a @ a
+        torch.cuda.synchronize()
+
+
 def bench_fp8(args, device) -> list[dict]:
     from prime_plugin_fp8 import gemm as fp8_gemm
 
-    backend = fp8_gemm.resolve("auto", device)
+    backends = [fp8_gemm.resolve(name, device) for name in args.backends]
+    warm_up(device)
     rows = []
     for m in args.tokens:
         for model, shapes in FP8_SHAPES.items():
             for layer, (k, n) in shapes.items():
+                if args.layers and f"{model}:{layer}" not in args.layers:
+                    continue
                 if args.tiny:
                     k, n = k // 16, n // 16
-                rows += fp8_at(args, device, backend, model, layer, m, k, n)
+                for backend in dict.fromkeys(backends):
+                    rows += fp8_at(args, device, backend, model, layer, m, k, n)
     return rows
 
 
@@ -281,17 +299,17 @@ def table(out: Path) -> None:
         console.print(grid)
     fp8 = [r for r in records if r["bench"] == "fp8"]
     if fp8:
-        grid = Table(title=f"FP8 linear (backend {fp8[0]['backend']}) against bf16: TFLOP/s")
-        for column in ("model", "layer", "M×K×N", "bf16 fwd+bwd", "fp8 fwd+bwd", "ratio", "torch quant",
+        grid = Table(title="FP8 linear against bf16 (same backend's run): TFLOP/s")
+        for column in ("backend", "model", "layer", "M×K×N", "bf16 fwd+bwd", "fp8 fwd+bwd", "ratio", "torch quant",
                        "ratio", "bf16 gemm", "fp8 gemm", "ratio"):
             grid.add_column(column, justify="right")
-        keyed = {(r["model"], r["layer"], r["m"], r["case"]): r for r in fp8}
-        for (model, layer, m, case), r in keyed.items():
+        keyed = {(r["backend"], r["model"], r["layer"], r["m"], r["case"]): r for r in fp8}
+        for (backend, model, layer, m, case), r in keyed.items():
             if case != "bf16":
                 continue
-            get = {c: keyed.get((model, layer, m, c), {}).get("tflops", float("nan"))
+            get = {c: keyed.get((backend, model, layer, m, c), {}).get("tflops", float("nan"))
                    for c in ("bf16", "fp8", "fp8_torch_quant", "bf16_gemm", "fp8_gemm")}
-            grid.add_row(model, layer, f"{m}×{r['k']}×{r['n']}", f"{get['bf16']:.0f}", f"{get['fp8']:.0f}",
+            grid.add_row(backend, model, layer, f"{m}×{r['k']}×{r['n']}", f"{get['bf16']:.0f}", f"{get['fp8']:.0f}",
                          ratio(get["fp8"], get["bf16"]), f"{get['fp8_torch_quant']:.0f}",
                          ratio(get["fp8_torch_quant"], get["bf16"]), f"{get['bf16_gemm']:.0f}",
                          f"{get['fp8_gemm']:.0f}", ratio(get["fp8_gemm"], get["bf16_gemm"]))
@@ -319,6 +337,10 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", default=["1.7B", "moe"], help="adamw: the shapes")
     parser.add_argument("--launch", nargs="+", default=[], metavar="BLOCK:WARPS",
                         help="adamw: time the fused kernel at each of these launch shapes (default: its own)")
+    parser.add_argument("--backends", nargs="+", default=["auto"],
+                        help="fp8: the fp8_linear backends to time, each beside its own bf16 run")
+    parser.add_argument("--layers", nargs="+", default=[], metavar="MODEL:LAYER",
+                        help="fp8: only these shapes (e.g. 1.7B:qkv 8B:down; default all)")
     parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("/tmp/prime-kernels"))

@@ -4,6 +4,9 @@
 #   bash benchmarks/kernels_gpu.sh bench   # LM head peak memory/time at V = 151,936; FP8 TFLOP/s vs bf16
 #   bash benchmarks/kernels_gpu.sh step    # whole training step vs the plain HF step (8k, 32k), same job
 #   bash benchmarks/kernels_gpu.sh attention   # attention kernels per row shape (attention_bench.py)
+#   bash benchmarks/kernels_gpu.sh deepgemm    # build DeepGEMM (deepgemm_build.sh), its FP8 tests, FP8 linear
+#                                              # on deep_gemm and torch side by side (~5 min: the build
+#                                              # ~70 s, the JIT's kernels ~30 s in 8 processes, the tests ~2 min)
 # Results under $OUT: kernels.jsonl, results.jsonl + hf.json (trainer_memory.py table), logs.
 # Needs prime installed (benchmarks/device_setup.sh); liger-kernel from benchmarks/.whl/extra if carried.
 set -uo pipefail
@@ -37,7 +40,26 @@ for phase in "$@"; do
       python3 benchmarks/trainer_memory.py table --out "$OUT" ;;
     attention)
       timeout 120 python3 benchmarks/attention_bench.py --tokens 8192 32768 --samples 1 8 --out "$OUT" ;;
-    *) echo "unknown phase $phase (tests, bench, step, attention)"; exit 2 ;;
+    deepgemm)
+      export DG_JIT_CACHE_DIR=${DG_JIT_CACHE_DIR:-/tmp/deepgemm-jit}
+      dg=$(timeout 420 bash benchmarks/deepgemm_build.sh 2> "$OUT/deepgemm_build.log") \
+        || { tail -30 "$OUT/deepgemm_build.log"; continue; }
+      tail -3 "$OUT/deepgemm_build.log"
+      export PYTHONPATH=$dg${PYTHONPATH:+:$PYTHONPATH}
+      # The JIT compiles a kernel per (N, K) at first use, one at a time: warm them in parallel.
+      layers=$(python3 -c 'import sys; sys.path.insert(0, "benchmarks"); import kernels_bench as k
+print(" ".join(f"{m}:{l}" for m, s in k.FP8_SHAPES.items() for l in s))')
+      start=$(date +%s)
+      printf '%s\n' $layers | xargs -P 8 -I{} timeout 300 python3 benchmarks/kernels_bench.py fp8 --backends deep_gemm \
+        --tokens 8192 --layers {} --reps 1 --out /tmp/deepgemm-warm > "$OUT/deepgemm_warm.log" 2>&1 \
+        || echo "warm-up exited $? (log: deepgemm_warm.log)"
+      echo "JIT warm-up: $(( $(date +%s) - start )) s"
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -rs plugins/kernels/fp8/tests/test_gpu.py \
+        > "$OUT/deepgemm_tests.log" 2>&1; tail -5 "$OUT/deepgemm_tests.log"
+      timeout 200 python3 benchmarks/kernels_bench.py fp8 --backends deep_gemm torch --tokens 8192 --reps 10 --out "$OUT" \
+        > "$OUT/deepgemm_bench.log" 2>&1 || echo "fp8 bench exited $?"
+      python3 benchmarks/kernels_bench.py table --out "$OUT" ;;
+    *) echo "unknown phase $phase (tests, bench, step, attention, deepgemm)"; exit 2 ;;
   esac
 done
 exit 0

@@ -318,10 +318,12 @@ def deep_gemm_gemm(a, b, *, b_block: int, out_dtype):
         out = torch.empty(m, b[0].shape[0], dtype=torch.bfloat16, device=a[0].device)
         deep_gemm.fp8_gemm_nt(a, b, out, recipe=(1, 128, 128), disable_ue8m0_cast=True)
     else:
-        # The 1D1D (weight-gradient) kernel accumulates into a float32 C = D.
-        out = torch.zeros(m, b[0].shape[0], dtype=torch.float32, device=a[0].device)
+        # The 1D1D (weight-gradient) kernel accumulates into a float32 C = D. Its row blocks are
+        # whole 64-row WGMMAs: for fewer rows DeepGEMM picks a block its kernel rejects.
+        a, m = _pad_rows(a, 1, 64)
+        out = torch.zeros(a[0].shape[0], b[0].shape[0], dtype=torch.float32, device=a[0].device)
         deep_gemm.fp8_gemm_nt(a, b, out, c=out, recipe=(1, 1, 128), disable_ue8m0_cast=True)
-    return out[:, :n].to(out_dtype)
+    return out[:m, :n].to(out_dtype)
 
 
 _IMPLS = {"emulated": emulated_gemm, "torch": torch_gemm, "deep_gemm": deep_gemm_gemm}

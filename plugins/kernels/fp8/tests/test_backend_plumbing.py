@@ -68,6 +68,8 @@ def fake_fp8_gemm_nt(a, b, d, c=None, recipe=None, compiled_dims="nk", disable_u
     else:
         assert recipe == (1, 1, 128) and sb.shape == (n, k // 128)
         assert d.dtype == torch.float32 and c is d, "SM90 1D1D: float32 D accumulating C"
+        # For fewer rows DeepGEMM picked a block its 1D1D kernel refuses to compile (an H200, m = 1).
+        assert m % 64 == 0, "SM90 1D1D: whole 64-row WGMMA blocks"
         b_deq = _dequant_1x128(qb, sb)
     product = _dequant_1x128(qa, sa).double() @ b_deq.double().T
     d.copy_((product + (c.double() if c is not None else 0)).to(d.dtype))
