@@ -7,6 +7,7 @@
 #   bash benchmarks/kernels_gpu.sh deepgemm    # build DeepGEMM (deepgemm_build.sh), its FP8 tests, FP8 linear
 #                                              # on deep_gemm and torch side by side (~5 min: the build
 #                                              # ~70 s, the JIT's kernels ~30 s in 8 processes, the tests ~2 min)
+#   bash benchmarks/kernels_gpu.sh fp8step     # the compiled 1.7B step at 8k, bf16 against FP8 (DeepGEMM if built)
 # Results under $OUT: kernels.jsonl, results.jsonl + hf.json (trainer_memory.py table), logs.
 # Needs prime installed (benchmarks/device_setup.sh); liger-kernel from benchmarks/.whl/extra if carried.
 set -uo pipefail
@@ -59,7 +60,23 @@ print(" ".join(f"{m}:{l}" for m, s in k.FP8_SHAPES.items() for l in s))')
       timeout 200 python3 benchmarks/kernels_bench.py fp8 --backends deep_gemm torch --tokens 8192 --reps 10 --out "$OUT" \
         > "$OUT/deepgemm_bench.log" 2>&1 || echo "fp8 bench exited $?"
       python3 benchmarks/kernels_bench.py table --out "$OUT" ;;
-    *) echo "unknown phase $phase (tests, bench, step, attention, deepgemm)"; exit 2 ;;
+    fp8step)
+      # The whole step (Qwen3-1.7B shape, 8k tokens, compiled), bf16 against FP8 in one job. FP8's
+      # `auto` backend is DeepGEMM once built (by the deepgemm phase before this one, or here).
+      if ! python3 -c 'import deep_gemm' 2> /dev/null; then
+        dg=$(timeout 420 bash benchmarks/deepgemm_build.sh 2>> "$OUT/deepgemm_build.log") \
+          && export PYTHONPATH=$dg${PYTHONPATH:+:$PYTHONPATH} || echo "no DeepGEMM: FP8 runs on torch's GEMMs"
+      fi
+      export DG_JIT_CACHE_DIR=${DG_JIT_CACHE_DIR:-/tmp/deepgemm-jit}
+      model=/tmp/qwen3-1.7b-random
+      [ -d $model ] || timeout 120 python3 benchmarks/trainer_memory.py model --model-dir $model --out "$OUT" \
+        > "$OUT/fp8step.log" 2>&1
+      # FP8's first steps compile DeepGEMM's kernels for the model's shapes: more warm-up steps.
+      timeout 420 python3 benchmarks/trainer_memory.py knobs --model-dir $model --out "$OUT" --seq-lens 8192 \
+        --knobs custom_compile custom_fp8_compile --warmup 3 --steps 6 >> "$OUT/fp8step.log" 2>&1 \
+        || echo "fp8 step exited $? (log: fp8step.log)"
+      python3 benchmarks/trainer_memory.py table --out "$OUT" ;;
+    *) echo "unknown phase $phase (tests, bench, step, attention, deepgemm, fp8step)"; exit 2 ;;
   esac
 done
 exit 0
