@@ -2,7 +2,7 @@
 """Kernel benchmarks on one GPU, each beside its baseline in the same process.
 
     python3 benchmarks/kernels_bench.py lm_head --tokens 8192 16384 32768 65536 --out $OUT
-    python3 benchmarks/kernels_bench.py fp8 --tokens 8192 --out $OUT    # --backends deep_gemm torch: both
+    python3 benchmarks/kernels_bench.py fp8 --tokens 8192 --out $OUT    # --backends deep_gemm torch: both; --profile
     python3 benchmarks/kernels_bench.py adamw --out $OUT                       # --launch 4096:4 1024:8: launch shapes
     python3 benchmarks/kernels_bench.py table --out $OUT
 
@@ -199,10 +199,45 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
         x.grad = w.grad = None
         seconds, _ = timed(fn, device, args.reps)
         record = {"bench": "fp8", "case": case, "backend": backend, "model": model, "layer": layer,
-                  "m": m, "k": k, "n": n, "ms": 1e3 * seconds, "tflops": flops_per_mkn * m * k * n / seconds / 1e12}
+                  "m": m, "k": k, "n": n, "ms": 1e3 * seconds, "tflops": flops_per_mkn * m * k * n / seconds / 1e12,
+                  "host_ms": 1e3 * host_seconds(fn, device, args.reps)}
         rows.append(record)
         emit(args, record)
+        if args.profile and case == "fp8":
+            profile_calls(fn, device, f"fp8_linear {backend}, {model} {layer}, {m}x{k}x{n}")
     return rows
+
+
+def host_seconds(fn, device, reps: int) -> float:
+    """Seconds a call takes to issue, the GPU not waited for (a call whose host time exceeds its
+    GPU time leaves the GPU idle: seen for the FP8 linear, stop 38)."""
+    import torch
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    seconds = (time.perf_counter() - start) / reps
+    sync()
+    return seconds
+
+
+def profile_calls(fn, device, title: str, calls: int = 5) -> None:
+    """Print the operators and kernels of ``calls`` calls, host and GPU, per call. The profiler
+    records every thread, the autograd engine's included (where a CUDA backward runs)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    print(f"== {title}: {calls} calls", flush=True)
+    for key in ("self_cpu_time_total", "self_device_time_total")[: len(activities)]:
+        print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=80), flush=True)
 
 
 def adamw_shapes(model: str, tiny: bool) -> list[tuple]:
@@ -300,8 +335,8 @@ def table(out: Path) -> None:
     fp8 = [r for r in records if r["bench"] == "fp8"]
     if fp8:
         grid = Table(title="FP8 linear against bf16 (same backend's run): TFLOP/s")
-        for column in ("backend", "model", "layer", "M×K×N", "bf16 fwd+bwd", "fp8 fwd+bwd", "ratio", "torch quant",
-                       "ratio", "bf16 gemm", "fp8 gemm", "ratio"):
+        for column in ("backend", "model", "layer", "M×K×N", "bf16 fwd+bwd", "fp8 fwd+bwd", "ratio",
+                       "fp8 ms (host ms)", "torch quant", "ratio", "bf16 gemm", "fp8 gemm", "ratio"):
             grid.add_column(column, justify="right")
         keyed = {(r["backend"], r["model"], r["layer"], r["m"], r["case"]): r for r in fp8}
         for (backend, model, layer, m, case), r in keyed.items():
@@ -309,8 +344,10 @@ def table(out: Path) -> None:
                 continue
             get = {c: keyed.get((backend, model, layer, m, c), {}).get("tflops", float("nan"))
                    for c in ("bf16", "fp8", "fp8_torch_quant", "bf16_gemm", "fp8_gemm")}
+            fp8_row = keyed.get((backend, model, layer, m, "fp8"), {})
+            timing = f"{fp8_row['ms']:.2f} ({fp8_row['host_ms']:.2f})" if "host_ms" in fp8_row else "-"
             grid.add_row(backend, model, layer, f"{m}×{r['k']}×{r['n']}", f"{get['bf16']:.0f}", f"{get['fp8']:.0f}",
-                         ratio(get["fp8"], get["bf16"]), f"{get['fp8_torch_quant']:.0f}",
+                         ratio(get["fp8"], get["bf16"]), timing, f"{get['fp8_torch_quant']:.0f}",
                          ratio(get["fp8_torch_quant"], get["bf16"]), f"{get['bf16_gemm']:.0f}",
                          f"{get['fp8_gemm']:.0f}", ratio(get["fp8_gemm"], get["bf16_gemm"]))
         console.print(grid)
@@ -341,6 +378,8 @@ def main() -> int:
                         help="fp8: the fp8_linear backends to time, each beside its own bf16 run")
     parser.add_argument("--layers", nargs="+", default=[], metavar="MODEL:LAYER",
                         help="fp8: only these shapes (e.g. 1.7B:qkv 8B:down; default all)")
+    parser.add_argument("--profile", action="store_true",
+                        help="fp8: print the profiler's host and GPU tables of each FP8 linear's calls")
     parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("/tmp/prime-kernels"))
