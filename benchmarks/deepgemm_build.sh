@@ -2,9 +2,8 @@
 # Build DeepGEMM (github.com/deepseek-ai/DeepGEMM, the fp8 plugin's `deep_gemm` backend) on the lent
 # GPU machine, which has nvcc and torch but no network, from a source tarball carried in benchmarks/.whl/.
 #
-# Here (with access to GitHub or a mirror of it):
-#   git clone --recursive https://github.com/deepseek-ai/DeepGEMM
-#   tar czf benchmarks/.whl/deepgemm-src.tar.gz DeepGEMM    # third-party/cutlass/include and fmt/include suffice (~3 MB)
+# Here, once: the tarball from git repositories of DeepGEMM, CUTLASS and fmt (deepgemm_source.sh says how):
+#   bash benchmarks/deepgemm_source.sh DEEPGEMM_GIT CUTLASS_GIT FMT_GIT
 # Device call (carry benchmarks/.whl):
 #   export PYTHONPATH=$(bash benchmarks/deepgemm_build.sh)${PYTHONPATH:+:$PYTHONPATH}
 #
