@@ -42,8 +42,10 @@ FP8_SHAPES = {  # (K, N) of each block linear: y[M, N] = x[M, K] @ W[N, K].T
 }
 
 
-def timed(fn, device, reps: int) -> tuple[float, float]:
-    """(seconds per call, peak bytes the call adds above what was allocated before it)."""
+def timed(fn, device, reps: int) -> tuple[float, float, float]:
+    """(seconds per call, peak bytes the call adds above what was allocated before it, seconds a
+    call takes to issue with the GPU not waited for). A call whose host time exceeds its GPU time
+    leaves the GPU idle (seen for the FP8 linear, stop 38)."""
     import torch
 
     fn()  # warm-up: compilation, autotuning, allocator
@@ -56,10 +58,11 @@ def timed(fn, device, reps: int) -> tuple[float, float]:
     start = time.perf_counter()
     for _ in range(reps):
         fn()
+    host = (time.perf_counter() - start) / reps
     sync()
     seconds = (time.perf_counter() - start) / reps
     peak = torch.cuda.max_memory_allocated() - base if device.type == "cuda" else 0
-    return seconds, peak
+    return seconds, peak, host
 
 
 def lm_head_impls():
@@ -115,7 +118,7 @@ def lm_head_at(args, device, n: int, vocab: int, hidden: int, impls: dict) -> li
             return logp
 
         try:
-            seconds, peak = timed(step, device, args.reps)
+            seconds, peak, _ = timed(step, device, args.reps)
             logp = step().detach().float()
             if reference is None:
                 reference = logp
@@ -197,30 +200,15 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
     rows = []
     for case, (fn, flops_per_mkn) in cases.items():
         x.grad = w.grad = None
-        seconds, _ = timed(fn, device, args.reps)
+        seconds, _, host = timed(fn, device, args.reps)
         record = {"bench": "fp8", "case": case, "backend": backend, "model": model, "layer": layer,
                   "m": m, "k": k, "n": n, "ms": 1e3 * seconds, "tflops": flops_per_mkn * m * k * n / seconds / 1e12,
-                  "host_ms": 1e3 * host_seconds(fn, device, args.reps)}
+                  "host_ms": 1e3 * host}
         rows.append(record)
         emit(args, record)
         if args.profile and case == "fp8":
             profile_calls(fn, device, f"fp8_linear {backend}, {model} {layer}, {m}x{k}x{n}")
     return rows
-
-
-def host_seconds(fn, device, reps: int) -> float:
-    """Seconds a call takes to issue, the GPU not waited for (a call whose host time exceeds its
-    GPU time leaves the GPU idle: seen for the FP8 linear, stop 38)."""
-    import torch
-
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    start = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    seconds = (time.perf_counter() - start) / reps
-    sync()
-    return seconds
 
 
 def profile_calls(fn, device, title: str, calls: int = 5) -> None:
@@ -292,7 +280,7 @@ def bench_adamw(args, device) -> list[dict]:
 
             # The fused kernel once per launch shape, over the same tensors.
             for adamw.BLOCK, adamw.WARPS in launches if path == "fused" else [default]:
-                seconds, peak = timed(update, device, args.reps)
+                seconds, peak, _ = timed(update, device, args.reps)
                 numel = sum(p.numel() for p in weights.masters)
                 records.append({"bench": "adamw", "model": model, "path": path, "params": numel,
                                 "ms": seconds * 1e3, "gbps": numel * (30 if path == "fused" else 52) / seconds / 1e9,

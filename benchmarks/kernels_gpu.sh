@@ -15,6 +15,15 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/prime-kernels}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+deepgemm_on_path() {  # build DeepGEMM unless python3 imports it already; 1 when it cannot
+  export DG_JIT_CACHE_DIR=${DG_JIT_CACHE_DIR:-/tmp/deepgemm-jit}
+  python3 -c 'import deep_gemm' 2> /dev/null && return 0
+  local dg
+  dg=$(timeout 420 bash benchmarks/deepgemm_build.sh 2>> "$OUT/deepgemm_build.log") \
+    || { tail -30 "$OUT/deepgemm_build.log"; return 1; }
+  tail -3 "$OUT/deepgemm_build.log"
+  export PYTHONPATH=$dg${PYTHONPATH:+:$PYTHONPATH}
+}
 for phase in "$@"; do
   case "$phase" in
     tests)
@@ -42,11 +51,7 @@ for phase in "$@"; do
     attention)
       timeout 120 python3 benchmarks/attention_bench.py --tokens 8192 32768 --samples 1 8 --out "$OUT" ;;
     deepgemm)
-      export DG_JIT_CACHE_DIR=${DG_JIT_CACHE_DIR:-/tmp/deepgemm-jit}
-      dg=$(timeout 420 bash benchmarks/deepgemm_build.sh 2> "$OUT/deepgemm_build.log") \
-        || { tail -30 "$OUT/deepgemm_build.log"; continue; }
-      tail -3 "$OUT/deepgemm_build.log"
-      export PYTHONPATH=$dg${PYTHONPATH:+:$PYTHONPATH}
+      deepgemm_on_path || continue
       # The JIT compiles a kernel per (N, K) at first use, one at a time: warm them in parallel.
       layers=$(python3 -c 'import sys; sys.path.insert(0, "benchmarks"); import kernels_bench as k
 print(" ".join(f"{m}:{l}" for m, s in k.FP8_SHAPES.items() for l in s))')
@@ -63,11 +68,7 @@ print(" ".join(f"{m}:{l}" for m, s in k.FP8_SHAPES.items() for l in s))')
     fp8step)
       # The whole step (Qwen3-1.7B shape, 8k tokens, compiled), bf16 against FP8 in one job. FP8's
       # `auto` backend is DeepGEMM once built (by the deepgemm phase before this one, or here).
-      if ! python3 -c 'import deep_gemm' 2> /dev/null; then
-        dg=$(timeout 420 bash benchmarks/deepgemm_build.sh 2>> "$OUT/deepgemm_build.log") \
-          && export PYTHONPATH=$dg${PYTHONPATH:+:$PYTHONPATH} || echo "no DeepGEMM: FP8 runs on torch's GEMMs"
-      fi
-      export DG_JIT_CACHE_DIR=${DG_JIT_CACHE_DIR:-/tmp/deepgemm-jit}
+      deepgemm_on_path || echo "no DeepGEMM: FP8 runs on torch's GEMMs"
       model=/tmp/qwen3-1.7b-random
       [ -d $model ] || timeout 120 python3 benchmarks/trainer_memory.py model --model-dir $model --out "$OUT" \
         > "$OUT/fp8step.log" 2>&1
