@@ -103,11 +103,13 @@ def test_rl_behind_vllm_router_learns_on_both_engines_and_goes_on_without_a_dead
               for r in orchestrator]
     before = [s for s in served if 3 <= s[0] and orchestrator[s[0] - 1]["time"] < killed - 5]
     # A group is one session, which the router keeps on one engine: a step's 8 groups can all go to
-    # one (1 step in 128), so each engine's share is taken over the steps while both lived.
-    assert before and all(a + d > 0 for _, a, d in before), served
+    # one (1 step in 128). And a step's count is what finished since the previous record: with
+    # rollouts running ahead of the trainer, a step can find its batch already served (0, 0). So
+    # each engine's share is taken over the steps while both lived, and each step must report both.
+    assert before and all(a is not None and d is not None for _, a, d in before), served
     alive_share = sum(a for _, a, _ in before) / sum(a + d for _, a, d in before)
     assert 0.2 < alive_share < 0.8, served
-    assert orchestrator[-1]["replicas_up"] == 1 and all(s[1] > 0 for s in served[-3:]), served
+    assert orchestrator[-1]["replicas_up"] == 1 and sum(s[1] for s in served[-3:]) > 0, served
     assert sum(r["env_errors"] + r["failed_groups"] for r in orchestrator) == 0, "no rollout was lost"
 
     # The base model, then every version, reached each engine alive (straight, not through the router).
