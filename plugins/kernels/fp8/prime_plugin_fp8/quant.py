@@ -2,6 +2,7 @@
 
 - ``quantize_rows(x [M, K])``: one scale per 1×128 block along K (activations and
   gradients: a token's outlier only coarsens its own 128 values).
+- ``quantize_rows_and_columns(x)``: ``quantize_rows`` of ``x`` and of ``x.T`` at once.
 - ``quantize_blocks(w [N, K])``: one scale per 128×128 block (weights: the scales of ``W`` and
   of ``W.T`` are the same blocks, so either product can use them).
 
@@ -73,6 +74,20 @@ def quantize_rows_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x = F.pad(x.float().contiguous(), (0, kp - k)).reshape(m, kp // BLOCK, BLOCK)
     scale = _scales(x.abs().amax(dim=-1))
     return _cast(x, scale[..., None]).view(m, kp), scale
+
+
+def quantize_rows_and_columns(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor],
+                                                          tuple[torch.Tensor, torch.Tensor]]:
+    """``(quantize_rows(x), quantize_rows(x.T))``: both operands a linear's input (or its
+    output's gradient) gives its GEMMs. On a CUDA device with Triton, one kernel reading ``x``
+    once (``triton_quant``, the same bits); the two PyTorch quantisations elsewhere."""
+    if x.dim() != 2:
+        raise ValueError(f"quantize_rows_and_columns takes a 2-D tensor, got shape {tuple(x.shape)}")
+    if x.is_cuda and _triton():
+        from prime_plugin_fp8.triton_quant import quantize_rows_and_columns as fused
+
+        return fused(x)
+    return quantize_rows_torch(x), quantize_rows_torch(x.t())
 
 
 def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,10 +22,12 @@ def _round_to_e4m3(y):
 
 @triton.jit
 def _quantise(v, amax):
-    # quant._scales and quant._cast: exact division, a zero scale replaced by 1.
+    # quant._scales and quant._cast: exact division, a zero scale replaced by 1. The values come
+    # back rounded but still float32 (e4m3 exactly representable): the caller casts, after any
+    # transpose (moving float32 through shared memory is Triton's best-trodden path).
     s = tl.div_rn(amax, 448.0)
     s = tl.where(s == 0.0, 1.0, s)
-    return s, _round_to_e4m3(tl.clamp(tl.div_rn(v, s), -448.0, 448.0)).to(tl.float8e4nv)
+    return s, _round_to_e4m3(tl.clamp(tl.div_rn(v, s), -448.0, 448.0))
 
 
 @triton.jit
@@ -38,7 +40,7 @@ def rows(x, stride_m, stride_k, q, scale, m, k, kp, BLOCK: tl.constexpr, ROWS: t
     v = tl.load(x + r64[:, None] * stride_m + c[None, :] * stride_k, mask=inside, other=0.0).to(tl.float32)
     s, qv = _quantise(v, tl.max(tl.abs(v), axis=1)[:, None])
     stored = (r[:, None] < m) & (c[None, :] < kp)
-    tl.store(q + r64[:, None] * kp + c[None, :], qv, mask=stored)
+    tl.store(q + r64[:, None] * kp + c[None, :], qv.to(tl.float8e4nv), mask=stored)
     tl.store(scale + r64 * (kp // BLOCK) + block, tl.max(s, axis=1), mask=r < m)
 
 
@@ -51,5 +53,26 @@ def blocks(w, stride_n, stride_k, q, scale, n, k, kp, BLOCK: tl.constexpr):
     inside = (r[:, None] < n) & (c[None, :] < k)
     v = tl.load(w + r64[:, None] * stride_n + c[None, :] * stride_k, mask=inside, other=0.0).to(tl.float32)
     s, qv = _quantise(v, tl.max(tl.max(tl.abs(v), axis=1), axis=0))
-    tl.store(q + r64[:, None] * kp + c[None, :], qv, mask=(r[:, None] < n) & (c[None, :] < kp))
+    tl.store(q + r64[:, None] * kp + c[None, :], qv.to(tl.float8e4nv), mask=(r[:, None] < n) & (c[None, :] < kp))
     tl.store(scale + rb * (kp // BLOCK) + cb, s)
+
+
+@triton.jit
+def rows_and_columns(x, stride_m, stride_k, q, scale, qt, scale_t, m, k, kp, mp, BLOCK: tl.constexpr):
+    """One 128 x 128 tile, read once: ``rows``' output for ``x`` and for ``x.T`` (whose 1 x 128
+    blocks are this tile's columns), the latter stored transposed."""
+    rb, cb = tl.program_id(0), tl.program_id(1)
+    r = rb * BLOCK + tl.arange(0, BLOCK)
+    c = cb * BLOCK + tl.arange(0, BLOCK)
+    r64, c64 = r.to(tl.int64), c.to(tl.int64)
+    v = tl.load(x + r64[:, None] * stride_m + c64[None, :] * stride_k, mask=(r[:, None] < m) & (c[None, :] < k),
+                other=0.0).to(tl.float32)
+    magnitude = tl.abs(v)
+    s, qv = _quantise(v, tl.max(magnitude, axis=1)[:, None])
+    tl.store(q + r64[:, None] * kp + c64[None, :], qv.to(tl.float8e4nv), mask=(r[:, None] < m) & (c[None, :] < kp))
+    tl.store(scale + r64 * (kp // BLOCK) + cb, tl.max(s, axis=1), mask=r < m)
+    st, qvt = _quantise(v, tl.max(magnitude, axis=0)[None, :])
+    # x.T's rows are this tile's columns (only the first k exist); its padding, rows m..mp of x,
+    # was loaded as zeros and is stored as such.
+    tl.store(qt + c64[:, None] * mp + r64[None, :], tl.trans(qvt).to(tl.float8e4nv), mask=c[:, None] < k)
+    tl.store(scale_t + c64 * (mp // BLOCK) + rb, tl.max(st, axis=0), mask=c < k)

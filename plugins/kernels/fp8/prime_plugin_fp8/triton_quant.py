@@ -54,6 +54,28 @@ def quantize_blocks(w):
     return q, scale
 
 
+def quantize_rows_and_columns(x):
+    """``(quantize_rows(x), quantize_rows(x.T))`` from one read of ``x [M, K]``: a linear's
+    input (its forward GEMM, and its weight gradient's along the tokens) and its output's
+    gradient (the input gradient's GEMM and the weight gradient's). 128 x 128 tiles, each
+    writing its rows' and its columns' blocks."""
+    import torch
+
+    from prime_plugin_fp8.quant import FP8, padded
+
+    m, k = x.shape
+    kp, mp = padded(k), padded(m)
+    q = torch.empty(m, kp, dtype=FP8, device=x.device)
+    scale = torch.empty(m, kp // BLOCK, dtype=torch.float32, device=x.device)
+    qt = torch.empty(k, mp, dtype=FP8, device=x.device)
+    scale_t = torch.empty(k, mp // BLOCK, dtype=torch.float32, device=x.device)
+    if m and k:
+        # Eight warps: a 128 x 128 float32 tile is 64 values a thread, before its two quantised copies.
+        _kernels().rows_and_columns[(mp // BLOCK, kp // BLOCK)](
+            x, x.stride(0), x.stride(1), q, scale, qt, scale_t, m, k, kp, mp, BLOCK=BLOCK, num_warps=8)
+    return (q, scale), (qt, scale_t)
+
+
 def _kernels():
     """The kernels' module, imported on first use (so that importing this one costs nothing,
     and a CPU test can switch the interpreter on first)."""

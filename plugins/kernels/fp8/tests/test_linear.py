@@ -97,6 +97,24 @@ def test_frozen_weight_gets_no_gradient_and_empty_batches_work():
     assert (ws.grad == 0).all() and empty.grad.shape == (0, 300)
 
 
+def test_each_gradient_alone_is_the_one_computed_beside_the_other_and_x_is_kept_in_fp8():
+    x, w, grad_y = torch.randn(37, 200), torch.randn(24, 200) / 14, torch.randn(37, 24)
+
+    def run(x_grad: bool, w_grad: bool):
+        xs, ws = x.clone().requires_grad_(x_grad), w.clone().requires_grad_(w_grad)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            y = fp8_linear(xs, ws, backend="emulated")
+        y.backward(grad_y)
+        return xs.grad, ws.grad, [(tuple(t.shape), t.dtype) for t in saved]
+
+    grad_x, grad_w, saved = run(True, True)
+    assert torch.equal(run(True, False)[0], grad_x) and torch.equal(run(False, True)[1], grad_w)
+    # x.T quantised along the 37 tokens (padded to 128) and its scales, then W: no float32 x.
+    assert saved == [((200, 128), torch.float8_e4m3fn), ((200, 1), torch.float32), ((24, 200), torch.float32)]
+    assert run(False, True)[2] == saved[:2] and run(True, False)[2] == saved[2:]
+
+
 def test_fp8_linear_module_holds_the_original_parameters():
     linear = torch.nn.Linear(300, 33)
     module = FP8Linear(linear, backend="emulated")
@@ -184,6 +202,5 @@ def test_compiles_into_one_graph_of_custom_gemm_operators_with_the_same_results(
     for got, want in zip(compiled, eager, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
     ops = {str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"}
-    assert {"prime_fp8.forward_gemm.default", "prime_fp8.input_grad_gemm.default",
-            "prime_fp8.weight_grad_gemm.default"} <= ops, ops
+    assert {"prime_fp8.forward_gemm_keeping_xt.default", "prime_fp8.input_and_weight_grad_gemms.default"} <= ops, ops
     assert not any("amax" in op for op in ops), ops

@@ -50,10 +50,29 @@ def test_blocks_match_pytorch_bit_for_bit(shape, dtype):
 
 
 @kernel_test
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (128, 128), (130, 384), (200, 129)])
+def test_rows_and_columns_match_pytorch_bit_for_bit(shape, dtype):
+    # Magnitudes spread along both dimensions, so a column's blocks differ from a row's.
+    x = _inputs(*shape, dtype, seed=shape[0] + shape[1])
+    x = x * torch.logspace(2, -4, shape[1], device=DEVICE).to(dtype)
+    rows, columns = triton_quant.quantize_rows_and_columns(x)
+    _same(rows, quant.quantize_rows_torch(x))
+    _same(columns, quant.quantize_rows_torch(x.t()))
+    # A transposed view (a gradient's layout) is read in place.
+    xt = _inputs(shape[1], shape[0], dtype, seed=5).t()
+    rows, columns = triton_quant.quantize_rows_and_columns(xt)
+    _same(rows, quant.quantize_rows_torch(xt))
+    _same(columns, quant.quantize_rows_torch(xt.t()))
+
+
+@kernel_test
 def test_the_quantisers_use_the_kernels_on_their_device():
     x = _inputs(40, 300, torch.bfloat16, seed=1)
     _same(quant.quantize_rows(x), triton_quant.quantize_rows(x))
     _same(quant.quantize_blocks(x), triton_quant.quantize_blocks(x))
+    for got, want in zip(quant.quantize_rows_and_columns(x), triton_quant.quantize_rows_and_columns(x), strict=True):
+        _same(got, want)
 
 
 @kernel_test
