@@ -9,8 +9,8 @@
   ``fp8_wgrad=False`` computes it in the inputs' precision instead (a plain matmul).
 
 Saved for the backward, only what a gradient needs: for the weight's, ``x.T`` already
-quantised along the tokens (its FP8 operand: half the bytes of a bf16 ``x``, which the
-forward's one pass over ``x`` produces with the forward's own operand), or ``x`` in its own
+quantised along the tokens (its FP8 operand, which the forward's one pass over ``x``
+produces beside the forward's own; a byte a value, where a bf16 ``x`` takes two), or ``x`` in its own
 precision under ``fp8_wgrad=False``; for the input's, ``W`` (the parameter itself). The
 backward quantises ``dy`` for both its GEMMs in one pass too. The bias is added, and its
 gradient summed, in high precision. Master weights are untouched: only the GEMM operands are
