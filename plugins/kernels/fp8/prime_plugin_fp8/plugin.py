@@ -53,13 +53,41 @@ def prime_parallel_strategies():
                              memory=memory, description="the transformer blocks' linear layers in block-scaled FP8")]
 
 
+FP8_BYTES = 1 + 4 / 128
+"""Bytes a value of a quantised activation: one FP8 byte and a float32 scale per 128."""
+
+
 def memory(est, config) -> None:
-    """``prime plan``: an FP8 linear saves what the bf16 one saves (its high-precision input
-    and weight; measured: the same peak as without FP8) and re-quantises per call, so only one
-    linear's FP8 copies of its input and weight are alive at a time: one byte per element of
-    the largest block's weight and of the row's widest activation."""
+    """``prime plan``: each FP8 linear whose weight trains saves its input as ``x.T`` in FP8
+    (not ``x``), so a block's projection inputs are counted again: q, k, v and o each keep a
+    copy of their input (where q, k and v shared one, and ``o_proj``'s input is attention's
+    output, which attention keeps anyway), gate and up one each, down its input (the SwiGLU
+    product, which nothing else keeps; compiled, it is no longer saved either). MoE experts
+    stay high precision (their shared expert, small, is not recounted). Frozen weights (LoRA's
+    base) save no input: nothing changes. Only one linear's FP8 copies of its weight and of
+    the activations it quantises are alive at a time: one byte per element of the largest
+    block's weight and of the row's widest activation."""
     largest = max(est.block_numel(), default=0)
     est.add_buffer("fp8: quantised copies of one block", largest + est.tokens * 4 * est.hidden, ("backward",))
+    if getattr(config, "lora", None):
+        return
+    model_config = est.model.config
+    hidden = est.hidden
+    heads = model_config.num_attention_heads
+    q = heads * (getattr(model_config, "head_dim", None) or hidden // heads)
+    inter = getattr(model_config, "intermediate_size", 0)
+
+    def rule(block) -> None:
+        parts = block.parts
+        if "attn_proj" in parts:
+            parts["attn_proj"] = FP8_BYTES * (3 * hidden + q)
+        if "mlp_proj" in parts and "router" not in parts:
+            parts["mlp_proj"] = FP8_BYTES * (2 * hidden + inter)
+            if est.compiled:  # Inductor kept the SwiGLU product for down_proj's backward
+                parts["mlp"] -= est.compute_bytes * inter
+        block.gpu = sum(parts.values())
+
+    est.rules.append(rule)
 
 
 @hookimpl

@@ -1,0 +1,73 @@
+"""``prime plan`` with ``trainer.model.quantization = "fp8"``: the activations it predicts
+change by what the FP8 linears really save, counted from autograd's saved tensors in a CPU
+forward pass of the tiny model (native implementation, float32, eager), against the same
+model without FP8; with LoRA (frozen base weights) nothing changes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+TOKENS = 256  # whole 128-token blocks: x.T's padding along the tokens adds nothing
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from prime_core.parity import TINY
+    from prime_plugin_hf.tiny import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "tiny", **TINY)
+
+
+def _args(tiny, *extra):
+    return ["--trainer.model.name", str(tiny), "--trainer.model.impl", "custom", "--trainer.model.dtype", "float32",
+            "--seq-len", str(TOKENS), "--trainer.model.compile", "none", *extra]
+
+
+def _predicted_activations(*args) -> float:
+    from prime_core.cli.common import load_config
+    from prime_core.plan import predict
+
+    prediction = predict(load_config("rl", list(args)), "rl")
+    assert prediction.tokens == TOKENS
+    return prediction.terms["activations"]
+
+
+def _saved_activation_bytes(tiny, fp8: bool) -> int:
+    """Bytes of the distinct non-parameter storages autograd saves in one forward pass."""
+    from prime_core.cli.common import load_config
+    from prime_core.plugins import get_plugin_manager
+    from prime_core.trainer.model import resolve_impl
+    from prime_plugin_fp8.convert import convert
+
+    config = load_config("rl", _args(tiny)).trainer.model
+    model = resolve_impl(config, get_plugin_manager()).build(config, device="cpu")
+    if fp8:
+        assert convert(model, "emulated") > 0
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    ids = torch.randint(0, model.config.vocab_size, (1, TOKENS))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, position_ids=torch.arange(TOKENS)[None])
+    return sum(storages.values())
+
+
+def test_the_plan_counts_what_fp8_linears_save(installed_plugins, tiny):
+    plain = _predicted_activations(*_args(tiny))
+    fp8 = _predicted_activations(*_args(tiny, "--trainer.model.quantization", "fp8"))
+    measured = _saved_activation_bytes(tiny, fp8=True) - _saved_activation_bytes(tiny, fp8=False)
+    assert measured != 0, (plain, fp8)
+    assert fp8 - plain == pytest.approx(measured, rel=1e-6), (plain, fp8, measured)
+
+
+def test_with_lora_the_fp8_base_saves_nothing_more(installed_plugins, tiny):
+    lora = ["--trainer.model.lora.rank", "4"]
+    assert _predicted_activations(*_args(tiny, *lora, "--trainer.model.quantization", "fp8")) == \
+        _predicted_activations(*_args(tiny, *lora))
