@@ -15,6 +15,13 @@ precision under ``fp8_wgrad=False``; for the input's, ``W`` (the parameter itsel
 backward quantises ``dy`` for both its GEMMs in one pass too. The bias is added, and its
 gradient summed, in high precision. Master weights are untouched: only the GEMM operands are
 FP8. Output and ``dx`` have ``x``'s dtype, ``dW`` the weight's.
+
+Linears of one input (q, k and v; gate and up) can run as one: ``fp8_linears(x, weights,
+biases)`` concatenates their FP8 weight blocks, so the input is quantised once, each GEMM is
+one wider GEMM, and the backward's two GEMMs and ``dy``'s quantisation are one each for the
+group (``FP8Linear.forward_group``; a model calls it through ``project``). The products are
+the same as the separate linears' (the blocks are the same blocks); it needs every weight's
+row count to be a multiple of 128, so that no 128 × 128 block spans two weights.
 """
 
 from __future__ import annotations
@@ -28,44 +35,60 @@ from prime_plugin_fp8.quant import BLOCK, FP8, padded, quantize_blocks, quantize
 # The three GEMMs as custom operators: to torch.compile each is one opaque node, so a compiled
 # block keeps one graph around its FP8 linears (tracing into the quantisers' kernel launches
 # and the backends' dispatch broke it at every linear: the 1.7B step spent 600 ms on the host
-# for 240 ms of GPU work).
+# for 240 ms of GPU work). Each takes the weights of a group (one, or several sharing the input).
+
+
+def _weight_blocks(weights: list[torch.Tensor], transposed: bool):
+    """The 128×128-block operand of ``cat(weights)`` (``transposed``: of its transpose), each
+    weight quantised on its own: the same blocks, since no block spans two weights."""
+    parts = [quantize_blocks(w.t() if transposed else w) for w in weights]
+    if len(parts) == 1:
+        return parts[0]
+    dim = 1 if transposed else 0
+    return torch.cat([q for q, _ in parts], dim), torch.cat([s for _, s in parts], dim)
+
+
+def _rows_out(weights) -> int:
+    return sum(w.shape[0] for w in weights)
 
 
 @torch.library.custom_op("prime_fp8::forward_gemm", mutates_args=())
-def _forward_gemm(x: torch.Tensor, weight: torch.Tensor, backend: str) -> torch.Tensor:
-    """``x @ weight.T``: ``x`` 1×128 along K, ``weight`` 128×128."""
-    return gemm(quantize_rows(x), quantize_blocks(weight), b_block=128, out_dtype=x.dtype, backend=backend)
+def _forward_gemm(x: torch.Tensor, weights: list[torch.Tensor], backend: str) -> torch.Tensor:
+    """``x @ cat(weights).T``: ``x`` 1×128 along K, the weights 128×128."""
+    return gemm(quantize_rows(x), _weight_blocks(weights, False), b_block=128, out_dtype=x.dtype, backend=backend)
 
 
 @_forward_gemm.register_fake
-def _(x, weight, backend):
-    return x.new_empty((x.shape[0], weight.shape[0]))
+def _(x, weights, backend):
+    return x.new_empty((x.shape[0], _rows_out(weights)))
 
 
 @torch.library.custom_op("prime_fp8::forward_gemm_keeping_xt", mutates_args=())
-def _forward_gemm_keeping_xt(x: torch.Tensor, weight: torch.Tensor,
+def _forward_gemm_keeping_xt(x: torch.Tensor, weights: list[torch.Tensor],
                              backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``x @ weight.T``, and ``x.T`` quantised 1×128 along the tokens for the weight gradient."""
+    """``x @ cat(weights).T``, and ``x.T`` quantised 1×128 along the tokens for the weight gradient."""
     rows, (xt, xt_scale) = quantize_rows_and_columns(x)
-    return gemm(rows, quantize_blocks(weight), b_block=128, out_dtype=x.dtype, backend=backend), xt, xt_scale
+    out = gemm(rows, _weight_blocks(weights, False), b_block=128, out_dtype=x.dtype, backend=backend)
+    return out, xt, xt_scale
 
 
 @_forward_gemm_keeping_xt.register_fake
-def _(x, weight, backend):
+def _(x, weights, backend):
     m, k = x.shape
-    return (x.new_empty((m, weight.shape[0])), x.new_empty((k, padded(m)), dtype=FP8),
+    return (x.new_empty((m, _rows_out(weights))), x.new_empty((k, padded(m)), dtype=FP8),
             x.new_empty((k, padded(m) // BLOCK), dtype=torch.float32))
 
 
 @torch.library.custom_op("prime_fp8::input_grad_gemm", mutates_args=())
-def _input_grad_gemm(g: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, backend: str) -> torch.Tensor:
-    """``g @ weight``: ``g`` 1×128 along N, ``weight.T`` 128×128."""
-    return gemm(quantize_rows(g), quantize_blocks(weight.t()), b_block=128, out_dtype=out_dtype, backend=backend)
+def _input_grad_gemm(g: torch.Tensor, weights: list[torch.Tensor], out_dtype: torch.dtype,
+                     backend: str) -> torch.Tensor:
+    """``g @ cat(weights)``: ``g`` 1×128 along N, the weights' transposes 128×128."""
+    return gemm(quantize_rows(g), _weight_blocks(weights, True), b_block=128, out_dtype=out_dtype, backend=backend)
 
 
 @_input_grad_gemm.register_fake
-def _(g, weight, out_dtype, backend):
-    return g.new_empty((g.shape[0], weight.shape[1]), dtype=out_dtype)
+def _(g, weights, out_dtype, backend):
+    return g.new_empty((g.shape[0], weights[0].shape[1]), dtype=out_dtype)
 
 
 @torch.library.custom_op("prime_fp8::weight_grad_gemm", mutates_args=())
@@ -81,52 +104,63 @@ def _(g, xt, xt_scale, out_dtype, backend):
 
 
 @torch.library.custom_op("prime_fp8::input_and_weight_grad_gemms", mutates_args=())
-def _input_and_weight_grad_gemms(g: torch.Tensor, weight: torch.Tensor, xt: torch.Tensor, xt_scale: torch.Tensor,
-                                 x_dtype: torch.dtype, w_dtype: torch.dtype,
+def _input_and_weight_grad_gemms(g: torch.Tensor, weights: list[torch.Tensor], xt: torch.Tensor,
+                                 xt_scale: torch.Tensor, x_dtype: torch.dtype, w_dtype: torch.dtype,
                                  backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both: ``g @ weight`` and ``g.T @ x``, from one quantising pass over ``g``."""
+    """Both: ``g @ cat(weights)`` and ``g.T @ x``, from one quantising pass over ``g``."""
     rows, columns = quantize_rows_and_columns(g)
-    grad_x = gemm(rows, quantize_blocks(weight.t()), b_block=128, out_dtype=x_dtype, backend=backend)
+    grad_x = gemm(rows, _weight_blocks(weights, True), b_block=128, out_dtype=x_dtype, backend=backend)
     return grad_x, gemm(columns, (xt, xt_scale), b_block=1, out_dtype=w_dtype, backend=backend)
 
 
 @_input_and_weight_grad_gemms.register_fake
-def _(g, weight, xt, xt_scale, x_dtype, w_dtype, backend):
-    return (g.new_empty((g.shape[0], weight.shape[1]), dtype=x_dtype),
+def _(g, weights, xt, xt_scale, x_dtype, w_dtype, backend):
+    return (g.new_empty((g.shape[0], weights[0].shape[1]), dtype=x_dtype),
             g.new_empty((g.shape[1], xt.shape[0]), dtype=w_dtype))
 
 
-class _FP8Linear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, backend: str, fp8_wgrad: bool):
-        lead, k = x.shape[:-1], x.shape[-1]
-        x2 = x.reshape(-1, k)
-        needs_x, needs_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        xt = xt_scale = None
-        if needs_w and fp8_wgrad:
-            y, xt, xt_scale = _forward_gemm_keeping_xt(x2, weight, backend)
-        else:
-            y = _forward_gemm(x2, weight, backend)
-        if bias is not None:
-            y = y + bias.to(y.dtype)
-        ctx.save_for_backward(x2 if needs_w and not fp8_wgrad else None, xt, xt_scale,
-                              weight if needs_x else None)
-        ctx.backend, ctx.fp8_wgrad = backend, fp8_wgrad
-        ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
-        ctx.b_dtype = None if bias is None else bias.dtype
-        return y.reshape(*lead, weight.shape[0])
+class _FP8Linears(torch.autograd.Function):
+    """``x @ W_i.T + b_i`` for the group's weights: ``apply(x, backend, fp8_wgrad, *weights,
+    *biases)`` (a bias may be ``None``), one output per weight."""
 
     @staticmethod
-    def backward(ctx, grad_y):
-        x2, xt, xt_scale, weight = ctx.saved_tensors
-        g = grad_y.reshape(-1, grad_y.shape[-1])
-        needs_x, needs_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_x = grad_w = grad_b = None
+    def forward(ctx, x, backend: str, fp8_wgrad: bool, *params):
+        count = len(params) // 2
+        weights, biases = list(params[:count]), params[count:]
+        lead, k = x.shape[:-1], x.shape[-1]
+        x2 = x.reshape(-1, k)
+        needs_x = ctx.needs_input_grad[0]
+        needs_w = any(ctx.needs_input_grad[3 : 3 + count])
+        xt = xt_scale = None
+        if needs_w and fp8_wgrad:
+            y, xt, xt_scale = _forward_gemm_keeping_xt(x2, weights, backend)
+        else:
+            y = _forward_gemm(x2, weights, backend)
+        sizes = [w.shape[0] for w in weights]
+        outs = y.split(sizes, dim=1) if count > 1 else (y,)
+        outs = tuple((o if b is None else o + b.to(o.dtype)).reshape(*lead, o.shape[1])
+                     for o, b in zip(outs, biases, strict=True))
+        ctx.save_for_backward(x2 if needs_w and not fp8_wgrad else None, xt, xt_scale,
+                              *(weights if needs_x else ()))
+        ctx.backend, ctx.fp8_wgrad, ctx.count, ctx.sizes = backend, fp8_wgrad, count, sizes
+        ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weights[0].dtype
+        ctx.b_dtypes = [None if b is None else b.dtype for b in biases]
+        return outs if count > 1 else outs[0]
+
+    @staticmethod
+    def backward(ctx, *grad_ys):
+        x2, xt, xt_scale, *weights = ctx.saved_tensors
+        count, needs = ctx.count, ctx.needs_input_grad
+        # An output the loss did not use comes as zeros (autograd materialises them).
+        gs = [g.reshape(-1, n) for g, n in zip(grad_ys, ctx.sizes, strict=True)]
+        g = gs[0] if count == 1 else torch.cat(gs, dim=1)
+        needs_x, needs_w = needs[0], any(needs[3 : 3 + count])
+        grad_x = grad_w = None
         if needs_x and needs_w and ctx.fp8_wgrad:
-            grad_x, grad_w = _input_and_weight_grad_gemms(g, weight, xt, xt_scale, ctx.x_dtype, ctx.w_dtype,
+            grad_x, grad_w = _input_and_weight_grad_gemms(g, weights, xt, xt_scale, ctx.x_dtype, ctx.w_dtype,
                                                           ctx.backend)
         elif needs_x:
-            grad_x = _input_grad_gemm(g, weight, ctx.x_dtype, ctx.backend)
+            grad_x = _input_grad_gemm(g, weights, ctx.x_dtype, ctx.backend)
         if needs_w and grad_w is None:
             if ctx.fp8_wgrad:
                 grad_w = _weight_grad_gemm(g, xt, xt_scale, ctx.w_dtype, ctx.backend)
@@ -134,16 +168,34 @@ class _FP8Linear(torch.autograd.Function):
                 grad_w = (g.t().to(x2.dtype) @ x2).to(ctx.w_dtype)
         if grad_x is not None:
             grad_x = grad_x.reshape(ctx.x_shape)
-        if ctx.b_dtype is not None and ctx.needs_input_grad[2]:
-            grad_b = g.float().sum(0).to(ctx.b_dtype)
-        return grad_x, grad_w, grad_b, None, None
+        grad_ws = [None] * count if grad_w is None else list(grad_w.split(ctx.sizes, dim=0))
+        grad_ws = [gw if needs[3 + i] else None for i, gw in enumerate(grad_ws)]
+        grad_bs = [gi.float().sum(0).to(dtype) if dtype is not None and needs[3 + count + i] else None
+                   for i, (gi, dtype) in enumerate(zip(gs, ctx.b_dtypes, strict=True))]
+        return grad_x, None, None, *grad_ws, *grad_bs
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                backend: str = "auto", fp8_wgrad: bool = True) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` computed in block-scaled FP8 by ``backend`` (``auto``,
     ``deep_gemm``, ``torch``, ``emulated``); ``x [..., K]``, ``weight [N, K]``."""
-    return _FP8Linear.apply(x, weight, bias, backend, fp8_wgrad)
+    return _FP8Linears.apply(x, backend, fp8_wgrad, weight, bias)
+
+
+def fp8_linears(x: torch.Tensor, weights, biases=None, *, backend: str = "auto",
+                fp8_wgrad: bool = True) -> tuple[torch.Tensor, ...]:
+    """``tuple(F.linear(x, w, b) for w, b in zip(weights, biases))`` as one group: ``x``
+    quantised once, one GEMM of each kind (see the module docstring). Every weight's row count
+    must be a multiple of 128 when there are several."""
+    weights = list(weights)
+    biases = list(biases) if biases is not None else [None] * len(weights)
+    if len(biases) != len(weights):
+        raise ValueError(f"fp8_linears: {len(weights)} weights but {len(biases)} biases")
+    if len(weights) > 1 and any(w.shape[0] % BLOCK for w in weights):
+        raise ValueError("fp8_linears: grouped weights need row counts that are multiples of 128, got "
+                         f"{[w.shape[0] for w in weights]}")
+    out = _FP8Linears.apply(x, backend, fp8_wgrad, *weights, *biases)
+    return out if isinstance(out, tuple) else (out,)
 
 
 class FP8Linear(nn.Linear):
@@ -162,6 +214,18 @@ class FP8Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fp8_linear(x, self.weight, self.bias, backend=self.backend, fp8_wgrad=self.fp8_wgrad)
+
+    @staticmethod
+    def forward_group(x: torch.Tensor, modules) -> tuple[torch.Tensor, ...] | None:
+        """The outputs of ``modules`` (FP8 linears of the same input) as one group, or ``None``
+        where they cannot be one (another backend or weight dtype, a row count that is not a
+        multiple of 128, a module hook that calling them one by one would run)."""
+        first = modules[0]
+        if any(m.backend != first.backend or m.fp8_wgrad != first.fp8_wgrad or m.weight.dtype != first.weight.dtype
+               or m.out_features % BLOCK or m._forward_hooks or m._forward_pre_hooks for m in modules):
+            return None
+        return fp8_linears(x, [m.weight for m in modules], [m.bias for m in modules], backend=first.backend,
+                           fp8_wgrad=first.fp8_wgrad)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, fp8={self.backend}" + ("" if self.fp8_wgrad else ", wgrad=high")

@@ -58,36 +58,57 @@ FP8_BYTES = 1 + 4 / 128
 
 
 def memory(est, config) -> None:
-    """``prime plan``: each FP8 linear whose weight trains saves its input as ``x.T`` in FP8
-    (not ``x``), so a block's projection inputs are counted again: q, k, v and o each keep a
-    copy of their input (where q, k and v shared one, and ``o_proj``'s input is attention's
-    output, which attention keeps anyway), gate and up one each, down its input (the SwiGLU
-    product, which nothing else keeps; compiled, it is no longer saved either). MoE experts
-    stay high precision (their shared expert, small, is not recounted). Frozen weights (LoRA's
-    base) save no input: nothing changes. Only one linear's FP8 copies of its weight and of
-    the activations it quantises are alive at a time: one byte per element of the largest
-    block's weight and of the row's widest activation."""
+    """``prime plan``: each FP8 linear whose weight trains saves its input as ``x.T`` in FP8,
+    not ``x``, so a block's projection inputs are counted again: a copy per linear, or one per
+    group its model runs together (``grouped_projections``, ``FP8Linear.forward_group``: whole
+    128-row weight blocks), where the bf16 linears shared ``x`` (and ``o_proj``'s input is
+    attention's output, which attention keeps anyway); down's input, the SwiGLU product, is
+    no longer kept by anything (compiled, Inductor kept it). MoE experts stay high precision
+    (their shared expert, small, is not recounted). Frozen weights (LoRA's base) save no
+    input: nothing changes. Only one linear's FP8 copies of its weight and of the activations
+    it quantises are alive at a time: one byte per element of the largest block's weight and
+    of the row's widest activation."""
+    from prime_core.trainer.model import transformer_blocks
+
     largest = max(est.block_numel(), default=0)
     est.add_buffer("fp8: quantised copies of one block", largest + est.tokens * 4 * est.hidden, ("backward",))
     if getattr(config, "lora", None):
         return
-    model_config = est.model.config
-    hidden = est.hidden
-    heads = model_config.num_attention_heads
-    q = heads * (getattr(model_config, "head_dim", None) or hidden // heads)
-    inter = getattr(model_config, "intermediate_size", 0)
+    saved = [(_fp8_inputs(block, ("q_proj", "k_proj", "v_proj", "o_proj")),
+              _fp8_inputs(getattr(block, "mlp", None), ("gate_proj", "up_proj", "down_proj")))
+             for block in transformer_blocks(est.model)]
 
     def rule(block) -> None:
+        attention, mlp = saved[block.index]
         parts = block.parts
-        if "attn_proj" in parts:
-            parts["attn_proj"] = FP8_BYTES * (3 * hidden + q)
-        if "mlp_proj" in parts and "router" not in parts:
-            parts["mlp_proj"] = FP8_BYTES * (2 * hidden + inter)
+        if "attn_proj" in parts and attention:
+            parts["attn_proj"] = FP8_BYTES * attention
+        if "mlp_proj" in parts and "router" not in parts and mlp:
+            parts["mlp_proj"] = FP8_BYTES * mlp
             if est.compiled:  # Inductor kept the SwiGLU product for down_proj's backward
-                parts["mlp"] -= est.compute_bytes * inter
+                parts["mlp"] -= est.compute_bytes * est.model.config.intermediate_size
         block.gpu = sum(parts.values())
 
     est.rules.append(rule)
+
+
+def _fp8_inputs(module, names) -> int:
+    """Values a token the FP8 linears ``names`` (children of ``module``, or of the one
+    submodule holding the first of them) save: their inputs, once per group run together."""
+    if module is None:
+        return 0
+    if not hasattr(module, names[0]):
+        module = next((m for m in module.modules() if hasattr(m, names[0])), None)
+        if module is None:
+            return 0
+    linears = {name: getattr(module, name) for name in names if hasattr(module, name)}
+    values, grouped = 0, set()
+    for group in getattr(module, "grouped_projections", ()):
+        members = [linears[name] for name in group if name in linears]
+        if len(members) == len(group) > 1 and all(m.out_features % 128 == 0 for m in members):
+            values += members[0].in_features
+            grouped.update(group)
+    return values + sum(m.in_features for name, m in linears.items() if name not in grouped)
 
 
 @hookimpl

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from prime_plugin_fp8 import gemm as gemms
-from prime_plugin_fp8.linear import FP8Linear, fp8_linear
+from prime_plugin_fp8.linear import FP8Linear, fp8_linear, fp8_linears
 from prime_plugin_fp8.quant import dequantize_blocks, dequantize_rows, quantize_blocks, quantize_rows
 
 FP8_TOL = 0.05
@@ -115,6 +115,51 @@ def test_each_gradient_alone_is_the_one_computed_beside_the_other_and_x_is_kept_
     assert run(False, True)[2] == saved[:2] and run(True, False)[2] == saved[2:]
 
 
+@pytest.mark.parametrize("fp8_wgrad", [True, False], ids=["fp8_wgrad", "wgrad_high"])
+def test_linears_of_one_input_as_a_group_are_the_separate_linears(fp8_wgrad):
+    """q, k, v (biases on two, one output unused by the loss) as one group: the same outputs
+    and gradients as three calls, with one quantisation of x saved (not three)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 37, 200, generator=g)
+    weights = [torch.randn(n, 200, generator=g) / 14 for n in (256, 128, 128)]
+    biases = [torch.randn(256, generator=g), None, torch.randn(128, generator=g)]
+    grads = [torch.randn(2, 37, n, generator=g) for n in (256, 128)]
+
+    def run(grouped: bool):
+        xs = x.clone().requires_grad_()
+        ws = [w.clone().requires_grad_() for w in weights]
+        bs = [None if b is None else b.clone().requires_grad_() for b in biases]
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            if grouped:
+                outs = fp8_linears(xs, ws, bs, backend="emulated", fp8_wgrad=fp8_wgrad)
+            else:
+                outs = [fp8_linear(xs, w, b, backend="emulated", fp8_wgrad=fp8_wgrad)
+                        for w, b in zip(ws, bs, strict=True)]
+        sum((o * gy).sum() for o, gy in zip(outs[:2], grads, strict=True)).backward()  # v's output unused
+        # A group's unused output still gives its weight and bias gradients: zeros, where alone
+        # they get none.
+        params = [*ws, bs[0], bs[2]]
+        return [*outs, xs.grad, *(torch.zeros_like(p) if p.grad is None else p.grad for p in params)], saved
+
+    (grouped, saved), (separate, saved_separately) = run(True), run(False)
+    for got, want in zip(grouped, separate, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert len(saved) == len(saved_separately) - 2 * (2 if fp8_wgrad else 1)
+
+
+def test_a_group_needs_whole_weight_blocks():
+    x = torch.randn(4, 64)
+    with pytest.raises(ValueError, match="multiples of 128, got \\[128, 64\\]"):
+        fp8_linears(x, [torch.randn(128, 64), torch.randn(64, 64)], backend="emulated")
+    linears = [FP8Linear(torch.nn.Linear(64, n), backend="emulated") for n in (128, 64)]
+    assert FP8Linear.forward_group(x, linears) is None
+    linears[1] = FP8Linear(torch.nn.Linear(64, 128), backend="emulated")
+    assert len(FP8Linear.forward_group(x, linears)) == 2
+    linears[1].register_forward_hook(lambda *_: None)  # a hook runs only when called alone
+    assert FP8Linear.forward_group(x, linears) is None
+
+
 def test_fp8_linear_module_holds_the_original_parameters():
     linear = torch.nn.Linear(300, 33)
     module = FP8Linear(linear, backend="emulated")
@@ -204,3 +249,22 @@ def test_compiles_into_one_graph_of_custom_gemm_operators_with_the_same_results(
     ops = {str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"}
     assert {"prime_fp8.forward_gemm_keeping_xt.default", "prime_fp8.input_and_weight_grad_gemms.default"} <= ops, ops
     assert not any("amax" in op for op in ops), ops
+
+    # A group (q, k, v) compiles the same way: one forward and one backward operator for three.
+    graphs.clear()
+    weights = [(torch.randn(n, 200) / 14).requires_grad_() for n in (256, 128, 128)]
+
+    def group(x, *weights):
+        q, k, v = fp8_linears(x, weights, [bias[:128].repeat(2), None, None], backend="emulated")
+        return q.sum(-1) + k.sum(-1) * v.sum(-1)
+
+    def run_group(fn):
+        out = fn(x, *weights)
+        return out, *torch.autograd.grad(out.sum(), (x, *weights))
+
+    compiled = run_group(torch.compile(group, fullgraph=True, backend=backend))
+    for got, want in zip(compiled, run_group(group), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    ops = [str(node.target) for gm in graphs for node in gm.graph.nodes if str(node.target).startswith("prime_fp8")]
+    assert sorted(ops) == ["prime_fp8.forward_gemm_keeping_xt.default",
+                           "prime_fp8.input_and_weight_grad_gemms.default"], ops

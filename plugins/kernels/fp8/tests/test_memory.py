@@ -19,9 +19,10 @@ def tiny(tmp_path_factory):
     return build_tiny(tmp_path_factory.mktemp("tiny") / "tiny", **TINY)
 
 
-def _args(tiny, *extra):
-    return ["--trainer.model.name", str(tiny), "--trainer.model.impl", "custom", "--trainer.model.dtype", "float32",
-            "--seq-len", str(TOKENS), "--trainer.model.compile", "none", *extra]
+def _args(tiny, *extra, impl="custom"):
+    return ["--trainer.model.name", str(tiny), "--trainer.model.impl", impl, "--trainer.model.dtype", "float32",
+            "--seq-len", str(TOKENS), "--trainer.model.pass-tokens", str(TOKENS), "--trainer.model.compile", "none",
+            *extra]
 
 
 def _predicted_activations(*args) -> float:
@@ -33,14 +34,14 @@ def _predicted_activations(*args) -> float:
     return prediction.terms["activations"]
 
 
-def _saved_activation_bytes(tiny, fp8: bool) -> int:
+def _saved_activation_bytes(tiny, impl: str, fp8: bool) -> int:
     """Bytes of the distinct non-parameter storages autograd saves in one forward pass."""
     from prime_core.cli.common import load_config
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer.model import resolve_impl
     from prime_plugin_fp8.convert import convert
 
-    config = load_config("rl", _args(tiny)).trainer.model
+    config = load_config("rl", _args(tiny, impl=impl)).trainer.model
     model = resolve_impl(config, get_plugin_manager()).build(config, device="cpu")
     if fp8:
         assert convert(model, "emulated") > 0
@@ -59,10 +60,14 @@ def _saved_activation_bytes(tiny, fp8: bool) -> int:
     return sum(storages.values())
 
 
-def test_the_plan_counts_what_fp8_linears_save(installed_plugins, tiny):
-    plain = _predicted_activations(*_args(tiny))
-    fp8 = _predicted_activations(*_args(tiny, "--trainer.model.quantization", "fp8"))
-    measured = _saved_activation_bytes(tiny, fp8=True) - _saved_activation_bytes(tiny, fp8=False)
+def test_the_plan_counts_what_fp8_linears_save(installed_plugins, tiny, impl="custom"):
+    """The tiny model's k and v (64 rows) cannot be grouped, its gate and up (128) can. The
+    native model only: transformers' block profile counts a copy of the attention output for
+    ``o_proj`` that this CPU's attention kernel does not make (its output transposes back
+    without one), so the bf16 run it is compared with keeps less than its profile says."""
+    plain = _predicted_activations(*_args(tiny, impl=impl))
+    fp8 = _predicted_activations(*_args(tiny, "--trainer.model.quantization", "fp8", impl=impl))
+    measured = _saved_activation_bytes(tiny, impl, fp8=True) - _saved_activation_bytes(tiny, impl, fp8=False)
     assert measured != 0, (plain, fp8)
     assert fp8 - plain == pytest.approx(measured, rel=1e-6), (plain, fp8, measured)
 

@@ -126,12 +126,28 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing, s
     return _sdpa(q, k, v, scale, mask=mask)
 
 
+def project(x: torch.Tensor, *linears: nn.Module) -> tuple[torch.Tensor, ...]:
+    """``tuple(linear(x) for linear in linears)``, or one call computing them together where
+    their class offers it: ``forward_group(x, linears)`` returning the outputs, or ``None``
+    when these cannot be grouped (the fp8 plugin's FP8 linears: ``x`` quantised once, one wider
+    GEMM)."""
+    group = getattr(type(linears[0]), "forward_group", None)
+    if group is not None and all(type(linear) is type(linears[0]) for linear in linears):
+        outs = group(x, linears)
+        if outs is not None:
+            return outs
+    return tuple(linear(x) for linear in linears)
+
+
 class Attention(nn.Module):
     """Grouped-query attention. ``attention_fn(q, k, v, packing, scale)`` is the kernel;
     context-parallel strategies replace it, so it is only ever called through the attribute."""
 
     rope_fn = None
     """``rope_fn(q, k, cos, sin) -> (q, k)``: a registered ``rope`` kernel (``trainer.model.kernels``)."""
+    grouped_projections = (("q_proj", "k_proj", "v_proj"),)
+    """Linears of one input that ``forward`` calls together (``project``): what a plugin's
+    memory model (``prime plan``) needs to know of them."""
 
     def __init__(self, *, hidden: int, heads: int, kv_heads: int, head_dim: int, qkv_bias: bool, o_bias: bool,
                  qk_norm: bool, eps: float, attention_fn) -> None:
@@ -151,9 +167,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, packing) -> torch.Tensor:
         length = x.shape[0]
-        q = self.q_proj(x).view(length, self.heads, self.head_dim)
-        k = self.k_proj(x).view(length, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(length, self.kv_heads, self.head_dim)
+        q, k, v = project(x, self.q_proj, self.k_proj, self.v_proj)
+        q = q.view(length, self.heads, self.head_dim)
+        k = k.view(length, self.kv_heads, self.head_dim)
+        v = v.view(length, self.kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope_fn is not None:
@@ -169,6 +186,8 @@ class MLP(nn.Module):
 
     swiglu_fn = None
     """``swiglu_fn(gate, up)``: a registered ``swiglu`` kernel (``trainer.model.kernels``)."""
+    grouped_projections = (("gate_proj", "up_proj"),)
+    """As ``Attention.grouped_projections``."""
 
     def __init__(self, hidden: int, intermediate: int, *, bias: bool = False) -> None:
         super().__init__()
@@ -177,5 +196,5 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_proj(x), self.up_proj(x)
+        gate, up = project(x, self.gate_proj, self.up_proj)
         return self.down_proj(self.swiglu_fn(gate, up) if self.swiglu_fn is not None else F.silu(gate) * up)
