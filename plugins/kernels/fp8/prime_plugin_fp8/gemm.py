@@ -163,9 +163,12 @@ def gemm(a, b, *, b_block: int, out_dtype, backend: str):
         return torch.zeros(m, n, dtype=out_dtype, device=qa.device)
     name = resolve(backend, qa.device)
     # Autocast would round the emulated matmul (and the chunk sums) to bf16: the operands are
-    # already exact, the precision is the backend's to choose.
-    with torch.autocast(qa.device.type, enabled=False):
-        return _IMPLS[name](a, b, b_block=b_block, out_dtype=out_dtype)
+    # already exact, the precision is the backend's to choose. Entered only when on: the context
+    # manager alone costs about as much host time as the rest of this function.
+    if torch.is_autocast_enabled(qa.device.type):
+        with torch.autocast(qa.device.type, enabled=False):
+            return _IMPLS[name](a, b, b_block=b_block, out_dtype=out_dtype)
+    return _IMPLS[name](a, b, b_block=b_block, out_dtype=out_dtype)
 
 
 def emulated_gemm(a, b, *, b_block: int, out_dtype):
