@@ -18,7 +18,10 @@ its inputs.
 ``fp8``: ``fp8_linear`` (block-scaled FP8, the ``auto`` backend: DeepGEMM where installed, else
 torch's scaled matmul) against ``F.linear`` in bf16, forward + backward, on the linear shapes of
 a Qwen3-1.7B and a Qwen3-8B block; TFLOP/s = 6·M·K·N / time (2·M·K·N for ``gemm``, the bare
-forward matmul on pre-quantised operands).
+forward matmul on pre-quantised operands). For ``qkv`` and ``gate_up`` also the model's own
+split, fwd+bwd: its linears each alone in bf16 (``bf16_separate``, what the bf16 trainer runs)
+and in FP8 (``fp8_separate``), and in FP8 as one group (``fp8_group``, ``fp8_linears``: what the
+native model runs since stop 39).
 
 ``adamw``: one update of one-process mixed precision's master weights (``prime_plugin_fsdp``):
 the trainer's unfused path against ``adamw``'s fused kernel, on the 1.7B and the 2.9B MoE
@@ -39,6 +42,10 @@ VOCAB, HIDDEN = 151936, 2048
 FP8_SHAPES = {  # (K, N) of each block linear: y[M, N] = x[M, K] @ W[N, K].T
     "1.7B": {"qkv": (2048, 4096), "o": (2048, 2048), "gate_up": (2048, 12288), "down": (6144, 2048)},
     "8B": {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 24576), "down": (12288, 4096)},
+}
+FP8_GROUPS = {  # the linears the model computes as qkv and gate_up (their N, in order)
+    "1.7B": {"qkv": (2048, 1024, 1024), "gate_up": (6144, 6144)},
+    "8B": {"qkv": (4096, 1024, 1024), "gate_up": (12288, 12288)},
 }
 
 
@@ -171,7 +178,7 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
     import torch.nn.functional as F
 
     from prime_plugin_fp8 import gemm as fp8_gemm
-    from prime_plugin_fp8.linear import fp8_linear
+    from prime_plugin_fp8.linear import fp8_linear, fp8_linears
     from prime_plugin_fp8.quant import quantize_blocks, quantize_rows
 
     gen = torch.Generator(device=device).manual_seed(k + n)
@@ -183,12 +190,23 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
         # The linear as it was before the fused Triton quantisers: the PyTorch ones, same bits.
         from prime_plugin_fp8 import linear, quant
 
-        fused = linear.quantize_rows, linear.quantize_blocks
+        fused = linear.quantize_rows, linear.quantize_blocks, linear.quantize_rows_and_columns
         linear.quantize_rows, linear.quantize_blocks = quant.quantize_rows_torch, quant.quantize_blocks_torch
+        linear.quantize_rows_and_columns = lambda t: (quant.quantize_rows_torch(t), quant.quantize_rows_torch(t.t()))
         try:
             fp8_linear(x, w, backend=backend).backward(dy)
         finally:
-            linear.quantize_rows, linear.quantize_blocks = fused
+            linear.quantize_rows, linear.quantize_blocks, linear.quantize_rows_and_columns = fused
+
+    # Where the model has several linears of one input here (q, k, v; gate, up): each alone, as
+    # the trainer ran them before FP8 groups (and as bf16 still does).
+    parts = [part // 16 if args.tiny else part for part in FP8_GROUPS.get(model, {}).get(layer, ())]
+
+    def separately(linear_fn):
+        def run():
+            outs = [linear_fn(x, part) for part in w.split(parts)]
+            torch.autograd.backward(outs, list(dy.split(parts, dim=1)))
+        return run
 
     cases = {
         "bf16": (lambda: F.linear(x, w).backward(dy), 6),
@@ -197,6 +215,15 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
         "bf16_gemm": (lambda: x.detach() @ w.detach().T, 2),
         "fp8_gemm": (lambda: fp8_gemm.gemm(xq, wq, b_block=128, out_dtype=torch.bfloat16, backend=backend), 2),
     }
+    if parts:
+        cases["bf16_separate"] = (separately(F.linear), 6)
+        cases["fp8_separate"] = (separately(lambda x, part: fp8_linear(x, part, backend=backend)), 6)
+
+        def as_group():
+            outs = fp8_linears(x, w.split(parts), backend=backend)
+            torch.autograd.backward(outs, list(dy.split(parts, dim=1)))
+        if all(part % 128 == 0 for part in parts):  # (--tiny's q/k/v are not)
+            cases["fp8_group"] = (as_group, 6)
     rows = []
     for case, (fn, flops_per_mkn) in cases.items():
         x.grad = w.grad = None
@@ -300,6 +327,42 @@ def emit(args, record: dict) -> None:
     print(json.dumps(record), flush=True)
 
 
+def fp8_tables(console, fp8: list[dict]) -> None:
+    from rich.table import Table
+
+    grid = Table(title="FP8 linear against bf16 (same backend's run): TFLOP/s")
+    for column in ("backend", "model", "layer", "M×K×N", "bf16 fwd+bwd", "fp8 fwd+bwd", "ratio",
+                   "fp8 ms (host ms)", "torch quant", "ratio", "bf16 gemm", "fp8 gemm", "ratio"):
+        grid.add_column(column, justify="right")
+    keyed = {(r["backend"], r["model"], r["layer"], r["m"], r["case"]): r for r in fp8}
+    for (backend, model, layer, m, case), r in keyed.items():
+        if case != "bf16":
+            continue
+        get = {c: keyed.get((backend, model, layer, m, c), {}).get("tflops", float("nan"))
+               for c in ("bf16", "fp8", "fp8_torch_quant", "bf16_gemm", "fp8_gemm")}
+        fp8_row = keyed.get((backend, model, layer, m, "fp8"), {})
+        timing = f"{fp8_row['ms']:.2f} ({fp8_row['host_ms']:.2f})" if "host_ms" in fp8_row else "-"
+        grid.add_row(backend, model, layer, f"{m}×{r['k']}×{r['n']}", f"{get['bf16']:.0f}", f"{get['fp8']:.0f}",
+                     ratio(get["fp8"], get["bf16"]), timing, f"{get['fp8_torch_quant']:.0f}",
+                     ratio(get["fp8_torch_quant"], get["bf16"]), f"{get['bf16_gemm']:.0f}",
+                     f"{get['fp8_gemm']:.0f}", ratio(get["fp8_gemm"], get["bf16_gemm"]))
+    console.print(grid)
+    groups = Table(title="Linears of one input, fwd+bwd TFLOP/s: each alone (the model in bf16, and in FP8 "
+                         "before groups) or as one")
+    for column in ("backend", "model", "layer", "M×K×N", "bf16 alone", "bf16 one", "fp8 alone", "fp8 group",
+                   "fp8 group / bf16 alone"):
+        groups.add_column(column, justify="right")
+    for (backend, model, layer, m, case), r in keyed.items():
+        if case != "bf16_separate":
+            continue
+        get = {c: keyed.get((backend, model, layer, m, c), {}).get("tflops", float("nan"))
+               for c in ("bf16_separate", "bf16", "fp8_separate", "fp8_group")}
+        groups.add_row(backend, model, layer, f"{m}×{r['k']}×{r['n']}", *(f"{v:.0f}" for v in get.values()),
+                       ratio(get["fp8_group"], get["bf16_separate"]))
+    if groups.rows:
+        console.print(groups)
+
+
 def table(out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -322,23 +385,7 @@ def table(out: Path) -> None:
         console.print(grid)
     fp8 = [r for r in records if r["bench"] == "fp8"]
     if fp8:
-        grid = Table(title="FP8 linear against bf16 (same backend's run): TFLOP/s")
-        for column in ("backend", "model", "layer", "M×K×N", "bf16 fwd+bwd", "fp8 fwd+bwd", "ratio",
-                       "fp8 ms (host ms)", "torch quant", "ratio", "bf16 gemm", "fp8 gemm", "ratio"):
-            grid.add_column(column, justify="right")
-        keyed = {(r["backend"], r["model"], r["layer"], r["m"], r["case"]): r for r in fp8}
-        for (backend, model, layer, m, case), r in keyed.items():
-            if case != "bf16":
-                continue
-            get = {c: keyed.get((backend, model, layer, m, c), {}).get("tflops", float("nan"))
-                   for c in ("bf16", "fp8", "fp8_torch_quant", "bf16_gemm", "fp8_gemm")}
-            fp8_row = keyed.get((backend, model, layer, m, "fp8"), {})
-            timing = f"{fp8_row['ms']:.2f} ({fp8_row['host_ms']:.2f})" if "host_ms" in fp8_row else "-"
-            grid.add_row(backend, model, layer, f"{m}×{r['k']}×{r['n']}", f"{get['bf16']:.0f}", f"{get['fp8']:.0f}",
-                         ratio(get["fp8"], get["bf16"]), timing, f"{get['fp8_torch_quant']:.0f}",
-                         ratio(get["fp8_torch_quant"], get["bf16"]), f"{get['bf16_gemm']:.0f}",
-                         f"{get['fp8_gemm']:.0f}", ratio(get["fp8_gemm"], get["bf16_gemm"]))
-        console.print(grid)
+        fp8_tables(console, fp8)
     steps = [r for r in records if r["bench"] == "adamw"]
     if steps:
         grid = Table(title="The master weights' update (bf16 gradients, clip, AdamW, compute copies)")
