@@ -175,6 +175,12 @@ class _FP8Linears(torch.autograd.Function):
         return grad_x, None, None, *grad_ws, *grad_bs
 
 
+def groupable(rows: list[int]) -> bool:
+    """Whether weights of these row counts can run as one group: every 128×128 block within one
+    weight (a single weight always can)."""
+    return len(rows) == 1 or all(n % BLOCK == 0 for n in rows)
+
+
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                backend: str = "auto", fp8_wgrad: bool = True) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` computed in block-scaled FP8 by ``backend`` (``auto``,
@@ -191,7 +197,7 @@ def fp8_linears(x: torch.Tensor, weights, biases=None, *, backend: str = "auto",
     biases = list(biases) if biases is not None else [None] * len(weights)
     if len(biases) != len(weights):
         raise ValueError(f"fp8_linears: {len(weights)} weights but {len(biases)} biases")
-    if len(weights) > 1 and any(w.shape[0] % BLOCK for w in weights):
+    if not groupable([w.shape[0] for w in weights]):
         raise ValueError("fp8_linears: grouped weights need row counts that are multiples of 128, got "
                          f"{[w.shape[0] for w in weights]}")
     out = _FP8Linears.apply(x, backend, fp8_wgrad, *weights, *biases)
@@ -221,8 +227,9 @@ class FP8Linear(nn.Linear):
         where they cannot be one (another backend or weight dtype, a row count that is not a
         multiple of 128, a module hook that calling them one by one would run)."""
         first = modules[0]
-        if any(m.backend != first.backend or m.fp8_wgrad != first.fp8_wgrad or m.weight.dtype != first.weight.dtype
-               or m.out_features % BLOCK or m._forward_hooks or m._forward_pre_hooks for m in modules):
+        if not groupable([m.out_features for m in modules]) or any(
+                m.backend != first.backend or m.fp8_wgrad != first.fp8_wgrad or m.weight.dtype != first.weight.dtype
+                or m._forward_hooks or m._forward_pre_hooks for m in modules):
             return None
         return fp8_linears(x, [m.weight for m in modules], [m.bias for m in modules], backend=first.backend,
                            fp8_wgrad=first.fp8_wgrad)

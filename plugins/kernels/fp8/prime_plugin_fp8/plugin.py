@@ -95,6 +95,8 @@ def memory(est, config) -> None:
 def _fp8_inputs(module, names) -> int:
     """Values a token the FP8 linears ``names`` (children of ``module``, or of the one
     submodule holding the first of them) save: their inputs, once per group run together."""
+    from prime_plugin_fp8.linear import groupable
+
     if module is None:
         return 0
     if not hasattr(module, names[0]):
@@ -105,7 +107,7 @@ def _fp8_inputs(module, names) -> int:
     values, grouped = 0, set()
     for group in getattr(module, "grouped_projections", ()):
         members = [linears[name] for name in group if name in linears]
-        if len(members) == len(group) > 1 and all(m.out_features % 128 == 0 for m in members):
+        if len(members) == len(group) > 1 and groupable([m.out_features for m in members]):
             values += members[0].in_features
             grouped.update(group)
     return values + sum(m.in_features for name, m in linears.items() if name not in grouped)
