@@ -3,6 +3,7 @@
 
     python3 benchmarks/kernels_bench.py lm_head --tokens 8192 16384 32768 65536 --out $OUT
     python3 benchmarks/kernels_bench.py fp8 --tokens 8192 --out $OUT    # --backends deep_gemm torch: both; --profile
+    python3 benchmarks/kernels_bench.py fp8_host --backends deep_gemm torch --reps 200 --out $OUT
     python3 benchmarks/kernels_bench.py adamw --out $OUT                       # --launch 4096:4 1024:8: launch shapes
     python3 benchmarks/kernels_bench.py table --out $OUT
 
@@ -22,6 +23,10 @@ forward matmul on pre-quantised operands). For ``qkv`` and ``gate_up`` also the 
 split, fwd+bwd: its linears each alone in bf16 (``bf16_separate``, what the bf16 trainer runs)
 and in FP8 (``fp8_separate``), and in FP8 as one group (``fp8_group``, ``fp8_linears``: what the
 native model runs since stop 39).
+
+``fp8_host``: the host time of each piece of an FP8 linear (the linear, its custom operators,
+the quantisers, the GEMM wrappers), issued without waiting for the GPU at a size whose GPU work
+is negligible: what bounds a step whose host falls behind its GPU.
 
 ``adamw``: one update of one-process mixed precision's master weights (``prime_plugin_fsdp``):
 the trainer's unfused path against ``adamw``'s fused kernel, on the 1.7B and the 2.9B MoE
@@ -179,7 +184,7 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
 
     from prime_plugin_fp8 import gemm as fp8_gemm
     from prime_plugin_fp8.linear import fp8_linear, fp8_linears
-    from prime_plugin_fp8.quant import quantize_blocks, quantize_rows
+    from prime_plugin_fp8.quant import quantize_blocks, quantize_rows, quantize_rows_and_columns
 
     gen = torch.Generator(device=device).manual_seed(k + n)
     x = torch.randn(m, k, device=device, generator=gen).bfloat16().requires_grad_()
@@ -235,6 +240,68 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
         emit(args, record)
         if args.profile and case == "fp8":
             profile_calls(fn, device, f"fp8_linear {backend}, {model} {layer}, {m}x{k}x{n}")
+    # The fused quantiser alone: x read once (bf16), its two FP8 copies and their scales written.
+    seconds, _, _ = timed(lambda: quantize_rows_and_columns(x.detach()), device, args.reps)
+    record = {"bench": "fp8_quant", "backend": backend, "model": model, "layer": layer, "m": m, "k": k,
+              "ms": 1e3 * seconds, "gbps": (2 * m * k + 2 * m * k + 2 * 4 * m * k / 128) / seconds / 1e9}
+    rows.append(record)
+    emit(args, record)
+    return rows
+
+
+def bench_fp8_host(args, device) -> list[dict]:
+    """Host time of each piece of an FP8 linear, at a size where the GPU's work is negligible
+    (M = 256, K = N = 2048): what a call costs to issue, the limit on a host-bound step."""
+    from prime_plugin_fp8 import gemm as fp8_gemm
+
+    rows = []
+    for backend in dict.fromkeys(fp8_gemm.resolve(name, device) for name in args.backends):
+        rows += fp8_host_of(args, device, backend)
+    return rows
+
+
+def fp8_host_of(args, device, backend: str) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+
+    from prime_plugin_fp8 import gemm as fp8_gemm
+    from prime_plugin_fp8 import linear
+    from prime_plugin_fp8.quant import quantize_blocks, quantize_rows, quantize_rows_and_columns
+
+    m, k, n = (16, 128, 128) if args.tiny else (256, 2048, 2048)
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(m, k, device=device, generator=gen).bfloat16().requires_grad_()
+    w = (torch.randn(n, k, device=device, generator=gen) / k**0.5).bfloat16().requires_grad_()
+    dy = torch.randn(m, n, device=device, generator=gen).bfloat16()
+    xd, wd = x.detach(), w.detach()
+    xq, wq, gq = quantize_rows(xd), quantize_blocks(wd), quantize_rows(dy.t())
+    _, xt = quantize_rows_and_columns(xd)
+    y = linear.fp8_linear(x, w, backend=backend)
+    cases = {
+        "bf16 linear fwd+bwd": lambda: F.linear(x, w).backward(dy),
+        "fp8 linear fwd+bwd": lambda: linear.fp8_linear(x, w, backend=backend).backward(dy),
+        "fp8 linear fwd": lambda: linear.fp8_linear(x, w, backend=backend),
+        "fp8 linear bwd (graph kept)": lambda: y.backward(dy, retain_graph=True),
+        "quantize_rows_and_columns": lambda: quantize_rows_and_columns(xd),
+        "quantize_rows": lambda: quantize_rows(xd),
+        "quantize_blocks": lambda: quantize_blocks(wd),
+        "gemm (forward, 128x128 B)": lambda: fp8_gemm.gemm(xq, wq, b_block=128, out_dtype=torch.bfloat16,
+                                                           backend=backend),
+        "gemm (weight grad, 1x128 B)": lambda: fp8_gemm.gemm(gq, xt, b_block=1, out_dtype=torch.float32,
+                                                             backend=backend),
+        "op forward_gemm_keeping_xt": lambda: linear._forward_gemm_keeping_xt(xd, [wd], backend),
+        "its body, called directly": lambda: linear._forward_gemm_keeping_xt._init_fn(xd, [wd], backend),
+        "op input_and_weight_grad_gemms": lambda: linear._input_and_weight_grad_gemms(
+            dy, [wd], *xt, torch.bfloat16, torch.bfloat16, backend),
+    }
+    rows = []
+    for case, fn in cases.items():
+        x.grad = w.grad = None
+        _, _, host = timed(fn, device, args.reps)
+        record = {"bench": "fp8_host", "backend": backend, "case": case, "m": m, "k": k, "n": n,
+                  "host_us": 1e6 * host}
+        rows.append(record)
+        emit(args, record)
     return rows
 
 
@@ -386,6 +453,16 @@ def table(out: Path) -> None:
     fp8 = [r for r in records if r["bench"] == "fp8"]
     if fp8:
         fp8_tables(console, fp8)
+    host = [r for r in records if r["bench"] == "fp8_host"]
+    if host:
+        grid = Table(title=f"FP8 linear host time per call, µs (M×K×N = {host[0]['m']}×{host[0]['k']}×{host[0]['n']})")
+        backends = list(dict.fromkeys(r["backend"] for r in host))
+        for column in ("piece", *backends):
+            grid.add_column(column, justify="right")
+        keyed = {(r["backend"], r["case"]): r["host_us"] for r in host}
+        for case in dict.fromkeys(r["case"] for r in host):
+            grid.add_row(case, *(f"{keyed[(b, case)]:.0f}" if (b, case) in keyed else "-" for b in backends))
+        console.print(grid)
     steps = [r for r in records if r["bench"] == "adamw"]
     if steps:
         grid = Table(title="The master weights' update (bf16 gradients, clip, AdamW, compute copies)")
@@ -405,7 +482,7 @@ def ratio(value, base) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("lm_head", "fp8", "adamw", "table"))
+    parser.add_argument("mode", choices=("lm_head", "fp8", "fp8_host", "adamw", "table"))
     parser.add_argument("--models", nargs="+", default=["1.7B", "moe"], help="adamw: the shapes")
     parser.add_argument("--launch", nargs="+", default=[], metavar="BLOCK:WARPS",
                         help="adamw: time the fused kernel at each of these launch shapes (default: its own)")
@@ -427,7 +504,8 @@ def main() -> int:
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    {"lm_head": bench_lm_head, "fp8": bench_fp8, "adamw": bench_adamw}[args.mode](args, device)
+    {"lm_head": bench_lm_head, "fp8": bench_fp8, "fp8_host": bench_fp8_host,
+     "adamw": bench_adamw}[args.mode](args, device)
     return 0
 
 

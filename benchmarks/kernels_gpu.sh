@@ -6,7 +6,8 @@
 #   bash benchmarks/kernels_gpu.sh attention   # attention kernels per row shape (attention_bench.py)
 #   bash benchmarks/kernels_gpu.sh deepgemm    # build DeepGEMM (deepgemm_build.sh), its FP8 tests, FP8 linear
 #                                              # on deep_gemm and torch side by side (~5 min: the build
-#                                              # ~70 s, the JIT's kernels ~30 s in 8 processes, the tests ~2 min)
+#                                              # ~90 s, the JIT's kernels ~40 s in 8 processes beside the tests,
+#                                              # ~2 min; the host time of each piece, fp8_host)
 #   bash benchmarks/kernels_gpu.sh fp8step     # the compiled 1.7B step at 8k, bf16 against FP8 (DeepGEMM if built)
 # Results under $OUT: kernels.jsonl, results.jsonl + hf.json (trainer_memory.py table), logs.
 # Needs prime installed (benchmarks/device_setup.sh); liger-kernel from benchmarks/.whl/extra if carried.
@@ -56,14 +57,19 @@ for phase in "$@"; do
       layers=$(python3 -c 'import sys; sys.path.insert(0, "benchmarks"); import kernels_bench as k
 print(" ".join(f"{m}:{l}" for m, s in k.FP8_SHAPES.items() for l in s))')
       start=$(date +%s)
+      # (the warm-up compiles on the CPU while the tests, which compile their own small shapes, run)
       printf '%s\n' $layers | xargs -P 8 -I{} timeout 300 python3 benchmarks/kernels_bench.py fp8 --backends deep_gemm \
-        --tokens 8192 --layers {} --reps 1 --out /tmp/deepgemm-warm > "$OUT/deepgemm_warm.log" 2>&1 \
-        || echo "warm-up exited $? (log: deepgemm_warm.log)"
-      echo "JIT warm-up: $(( $(date +%s) - start )) s"
-      timeout 240 python3 -m pytest -q -p no:cacheprovider -rs plugins/kernels/fp8/tests/test_gpu.py \
-        > "$OUT/deepgemm_tests.log" 2>&1; tail -5 "$OUT/deepgemm_tests.log"
+        --tokens 8192 --layers {} --reps 1 --out /tmp/deepgemm-warm > "$OUT/deepgemm_warm.log" 2>&1 &
+      warm=$!
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -rs plugins/kernels/fp8/tests/test_triton_quant.py \
+        plugins/kernels/fp8/tests/test_gpu.py > "$OUT/deepgemm_tests.log" 2>&1; tail -5 "$OUT/deepgemm_tests.log"
+      wait $warm || echo "warm-up exited $? (log: deepgemm_warm.log)"
+      echo "tests and JIT warm-up: $(( $(date +%s) - start )) s"
+      timeout 60 python3 benchmarks/kernels_bench.py fp8_host --backends deep_gemm torch --reps 200 --out "$OUT" \
+        > "$OUT/fp8_host.log" 2>&1 || echo "fp8_host exited $?"
       timeout 200 python3 benchmarks/kernels_bench.py fp8 --backends deep_gemm torch --tokens 8192 --reps 10 --out "$OUT" \
         > "$OUT/deepgemm_bench.log" 2>&1 || echo "fp8 bench exited $?"
+      grep '"fp8_quant"' "$OUT/kernels.jsonl" | cut -c1-200
       python3 benchmarks/kernels_bench.py table --out "$OUT" ;;
     fp8step)
       # The whole step (Qwen3-1.7B shape, 8k tokens, compiled), bf16 against FP8 in one job. FP8's

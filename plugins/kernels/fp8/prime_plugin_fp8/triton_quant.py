@@ -6,7 +6,8 @@ Here every program loads one tile of the input once, in its own dtype and stride
 transposed view of a gradient needs no copy), finds the block's ``amax`` in float32
 registers and writes the FP8 values and the scale. The arithmetic is ``quant``'s: the scale
 is ``amax / 448`` rounded to nearest (a division, as there), a zero scale becomes 1, values are
-``x / scale`` rounded to nearest, clamped to ±448, then cast. ``tests/test_triton_quant.py`` checks
+``x * (1 / scale)`` (the reciprocal rounded to nearest once per block), clamped to ±448, then
+cast (round to nearest even). ``tests/test_triton_quant.py`` checks
 the outputs bit for bit against ``quant``'s on fresh random inputs, through Triton's
 interpreter on a CPU and compiled on a GPU. One difference: a NaN in a block is not carried
 into its scale (``amax`` skips it); the PyTorch quantisers make the whole block NaN.
@@ -33,7 +34,8 @@ def quantize_rows(x):
     scale = torch.empty(m, kp // BLOCK, dtype=torch.float32, device=x.device)
     if m and kp:
         grid = (-(-m // ROWS), kp // BLOCK)
-        _kernels().rows[grid](x, x.stride(0), x.stride(1), q, scale, m, k, kp, BLOCK=BLOCK, ROWS=ROWS)
+        _kernels().rows[grid](x, x.stride(0), x.stride(1), q, scale, m, k, kp, BLOCK=BLOCK, ROWS=ROWS,
+                                   SOFT_ROUND=_interpreted())
     return q, scale
 
 
@@ -50,7 +52,7 @@ def quantize_blocks(w):
     scale = torch.empty(np_ // BLOCK, kp // BLOCK, dtype=torch.float32, device=w.device)
     if n and kp:
         _kernels().blocks[(np_ // BLOCK, kp // BLOCK)](w, w.stride(0), w.stride(1), q, scale, n, k, kp,
-                                                       BLOCK=BLOCK)
+                                                       BLOCK=BLOCK, SOFT_ROUND=_interpreted())
     return q, scale
 
 
@@ -72,7 +74,8 @@ def quantize_rows_and_columns(x):
     if m and k:
         # Eight warps: a 128 x 128 float32 tile is 64 values a thread, before its two quantised copies.
         _kernels().rows_and_columns[(mp // BLOCK, kp // BLOCK)](
-            x, x.stride(0), x.stride(1), q, scale, qt, scale_t, m, k, kp, mp, BLOCK=BLOCK, num_warps=8)
+            x, x.stride(0), x.stride(1), q, scale, qt, scale_t, m, k, kp, mp, BLOCK=BLOCK, SOFT_ROUND=_interpreted(),
+            num_warps=8)
     return (q, scale), (qt, scale_t)
 
 
@@ -82,3 +85,11 @@ def _kernels():
     from prime_plugin_fp8 import quant_kernels
 
     return quant_kernels
+
+
+def _interpreted() -> bool:
+    """Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` when first
+    imported), which rounds to e4m3 in software: its own cast is not exact."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(_kernels().rows, InterpretedFunction)
