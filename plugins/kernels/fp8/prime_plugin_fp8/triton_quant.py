@@ -15,6 +15,8 @@ into its scale (``amax`` skips it); the PyTorch quantisers make the whole block 
 
 from __future__ import annotations
 
+import functools
+
 BLOCK = 128
 ROWS = 32
 """Rows (of ``quantize_rows``) per program: a 32 x 128 tile, so that a transposed input,
@@ -87,6 +89,7 @@ def _kernels():
     return quant_kernels
 
 
+@functools.cache
 def _interpreted() -> bool:
     """Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` when first
     imported), which rounds to e4m3 in software: its own cast is not exact."""
