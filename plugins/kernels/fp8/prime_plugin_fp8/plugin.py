@@ -65,13 +65,15 @@ def memory(est, config) -> None:
     attention's output, which attention keeps anyway); down's input, the SwiGLU product, is
     no longer kept by anything (compiled, Inductor kept it). MoE experts stay high precision
     (their shared expert, small, is not recounted). Frozen weights (LoRA's base) save no
-    input: nothing changes. Only one linear's FP8 copies of its weight and of the activations
-    it quantises are alive at a time: one byte per element of the largest block's weight and
-    of the row's widest activation."""
+    input: nothing changes. Only one linear's (or group's) transient copies are alive at a
+    time: its weights concatenated in their own precision (a group) and quantised, and its
+    activations' FP8 copies, bounded by the largest block's weight at compute precision plus a
+    byte, and a byte for the row's widest activation."""
     from prime_core.trainer.model import transformer_blocks
 
     largest = max(est.block_numel(), default=0)
-    est.add_buffer("fp8: quantised copies of one block", largest + est.tokens * 4 * est.hidden, ("backward",))
+    copies = largest * (1 + est.compute_bytes) + est.tokens * 4 * est.hidden
+    est.add_buffer("fp8: quantised copies of one block", copies, ("backward",))
     if getattr(config, "lora", None):
         return
     saved = [(_fp8_inputs(block, ("q_proj", "k_proj", "v_proj", "o_proj")),
