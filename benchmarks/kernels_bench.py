@@ -220,6 +220,9 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
         "bf16_gemm": (lambda: x.detach() @ w.detach().T, 2),
         "fp8_gemm": (lambda: fp8_gemm.gemm(xq, wq, b_block=128, out_dtype=torch.bfloat16, backend=backend), 2),
     }
+    if device.type == "cuda":  # as a compiled step runs them: Inductor launches the quantisers
+        cases["bf16_compiled"] = (compiled_backward(lambda: F.linear(x, w), dy), 6)
+        cases["fp8_compiled"] = (compiled_backward(lambda: fp8_linear(x, w, backend=backend), dy), 6)
     if parts:
         cases["bf16_separate"] = (separately(F.linear), 6)
         cases["fp8_separate"] = (separately(lambda x, part: fp8_linear(x, part, backend=backend)), 6)
@@ -229,6 +232,9 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
             torch.autograd.backward(outs, list(dy.split(parts, dim=1)))
         if all(part % 128 == 0 for part in parts):  # (--tiny's q/k/v are not)
             cases["fp8_group"] = (as_group, 6)
+            if device.type == "cuda":
+                cases["fp8_group_compiled"] = (compiled_backward(
+                    lambda: torch.cat(fp8_linears(x, w.split(parts), backend=backend), dim=1), dy), 6)
     rows = []
     for case, (fn, flops_per_mkn) in cases.items():
         x.grad = w.grad = None
@@ -247,6 +253,18 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
     rows.append(record)
     emit(args, record)
     return rows
+
+
+def compiled_backward(forward, dy):
+    """``forward`` compiled (Inductor, static shapes; AOTAutograd compiles its backward), then
+    its backward from ``dy``: one call."""
+    import torch
+
+    dynamo = torch._dynamo.config
+    # One lambda per case and shape: the same code object recompiles for every shape.
+    dynamo.recompile_limit = dynamo.accumulated_recompile_limit = 1024
+    compiled = torch.compile(forward, dynamic=False)
+    return lambda: compiled().backward(dy)
 
 
 def bench_fp8_host(args, device) -> list[dict]:
@@ -280,6 +298,8 @@ def fp8_host_of(args, device, backend: str) -> list[dict]:
     cases = {
         "bf16 linear fwd+bwd": lambda: F.linear(x, w).backward(dy),
         "fp8 linear fwd+bwd": lambda: linear.fp8_linear(x, w, backend=backend).backward(dy),
+        "bf16 linear fwd+bwd, compiled": compiled_backward(lambda: F.linear(x, w), dy),
+        "fp8 linear fwd+bwd, compiled": compiled_backward(lambda: linear.fp8_linear(x, w, backend=backend), dy),
         "fp8 linear fwd": lambda: linear.fp8_linear(x, w, backend=backend),
         "fp8 linear bwd (graph kept)": lambda: y.backward(dy, retain_graph=True),
         "quantize_rows_and_columns": lambda: quantize_rows_and_columns(xd),
@@ -289,10 +309,7 @@ def fp8_host_of(args, device, backend: str) -> list[dict]:
                                                            backend=backend),
         "gemm (weight grad, 1x128 B)": lambda: fp8_gemm.gemm(gq, xt, b_block=1, out_dtype=torch.float32,
                                                              backend=backend),
-        "op forward_gemm_keeping_xt": lambda: linear._forward_gemm_keeping_xt(xd, [wd], backend),
-        "its body, called directly": lambda: linear._forward_gemm_keeping_xt._init_fn(xd, [wd], backend),
-        "op input_and_weight_grad_gemms": lambda: linear._input_and_weight_grad_gemms(
-            dy, [wd], *xt, torch.bfloat16, torch.bfloat16, backend),
+        "op gemm (forward)": lambda: linear._gemm_op(*xq, *wq, 128, torch.bfloat16, backend),
     }
     rows = []
     for case, fn in cases.items():
@@ -428,6 +445,21 @@ def fp8_tables(console, fp8: list[dict]) -> None:
                        ratio(get["fp8_group"], get["bf16_separate"]))
     if groups.rows:
         console.print(groups)
+    compiled = Table(title="Compiled (torch.compile, Inductor launching the quantisers), fwd+bwd TFLOP/s; the "
+                           "group is the layer's linears as one FP8 group, against one bf16 linear")
+    for column in ("backend", "model", "layer", "M×K×N", "bf16", "fp8", "ratio", "fp8 group", "ratio"):
+        compiled.add_column(column, justify="right")
+    for (backend, model, layer, m, case), r in keyed.items():
+        if case != "bf16_compiled":
+            continue
+        get = {c: keyed.get((backend, model, layer, m, c), {}).get("tflops", float("nan"))
+               for c in ("bf16_compiled", "fp8_compiled", "fp8_group_compiled")}
+        compiled.add_row(backend, model, layer, f"{m}×{r['k']}×{r['n']}", f"{get['bf16_compiled']:.0f}",
+                         f"{get['fp8_compiled']:.0f}",
+                         ratio(get["fp8_compiled"], get["bf16_compiled"]), f"{get['fp8_group_compiled']:.0f}",
+                         ratio(get["fp8_group_compiled"], get["bf16_compiled"]))
+    if compiled.rows:
+        console.print(compiled)
 
 
 def table(out: Path) -> None:

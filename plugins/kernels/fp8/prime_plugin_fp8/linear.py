@@ -30,12 +30,7 @@ import torch
 from torch import nn
 
 from prime_plugin_fp8.gemm import gemm
-from prime_plugin_fp8.quant import BLOCK, FP8, padded, quantize_blocks, quantize_rows, quantize_rows_and_columns
-
-# The three GEMMs as custom operators: to torch.compile each is one opaque node, so a compiled
-# block keeps one graph around its FP8 linears (tracing into the quantisers' kernel launches
-# and the backends' dispatch broke it at every linear: the 1.7B step spent 600 ms on the host
-# for 240 ms of GPU work). Each takes the weights of a group (one, or several sharing the input).
+from prime_plugin_fp8.quant import BLOCK, quantize_blocks, quantize_rows, quantize_rows_and_columns
 
 
 def _weight_blocks(weights: list[torch.Tensor], transposed: bool):
@@ -47,75 +42,27 @@ def _weight_blocks(weights: list[torch.Tensor], transposed: bool):
     return quantize_blocks(w.t() if transposed else w)
 
 
-def _rows_out(weights) -> int:
-    return sum(w.shape[0] for w in weights)
+# The GEMM as a custom operator: to torch.compile it is one opaque node, so a compiled block
+# keeps one graph around its FP8 linears (tracing into the backends' dispatch broke it at
+# every linear: stop 29's 1.7B step spent 600 ms on the host for 240 ms of GPU work). The
+# quantisers around it are Triton operators (``triton_quant``) that Inductor launches itself.
+# Eagerly the GEMM is called directly: the operator's dispatch would only add host time.
+
+@torch.library.custom_op("prime_fp8::gemm", mutates_args=())
+def _gemm_op(qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch.Tensor, b_block: int,
+             out_dtype: torch.dtype, backend: str) -> torch.Tensor:
+    return gemm((qa, sa), (qb, sb), b_block=b_block, out_dtype=out_dtype, backend=backend)
 
 
-@torch.library.custom_op("prime_fp8::forward_gemm", mutates_args=())
-def _forward_gemm(x: torch.Tensor, weights: list[torch.Tensor], backend: str) -> torch.Tensor:
-    """``x @ cat(weights).T``: ``x`` 1×128 along K, the weights 128×128."""
-    return gemm(quantize_rows(x), _weight_blocks(weights, False), b_block=128, out_dtype=x.dtype, backend=backend)
+@_gemm_op.register_fake
+def _(qa, sa, qb, sb, b_block, out_dtype, backend):
+    return qa.new_empty((qa.shape[0], qb.shape[0]), dtype=out_dtype)
 
 
-@_forward_gemm.register_fake
-def _(x, weights, backend):
-    return x.new_empty((x.shape[0], _rows_out(weights)))
-
-
-@torch.library.custom_op("prime_fp8::forward_gemm_keeping_xt", mutates_args=())
-def _forward_gemm_keeping_xt(x: torch.Tensor, weights: list[torch.Tensor],
-                             backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``x @ cat(weights).T``, and ``x.T`` quantised 1×128 along the tokens for the weight gradient."""
-    rows, (xt, xt_scale) = quantize_rows_and_columns(x)
-    out = gemm(rows, _weight_blocks(weights, False), b_block=128, out_dtype=x.dtype, backend=backend)
-    return out, xt, xt_scale
-
-
-@_forward_gemm_keeping_xt.register_fake
-def _(x, weights, backend):
-    m, k = x.shape
-    return (x.new_empty((m, _rows_out(weights))), x.new_empty((k, padded(m)), dtype=FP8),
-            x.new_empty((k, padded(m) // BLOCK), dtype=torch.float32))
-
-
-@torch.library.custom_op("prime_fp8::input_grad_gemm", mutates_args=())
-def _input_grad_gemm(g: torch.Tensor, weights: list[torch.Tensor], out_dtype: torch.dtype,
-                     backend: str) -> torch.Tensor:
-    """``g @ cat(weights)``: ``g`` 1×128 along N, the weights' transposes 128×128."""
-    return gemm(quantize_rows(g), _weight_blocks(weights, True), b_block=128, out_dtype=out_dtype, backend=backend)
-
-
-@_input_grad_gemm.register_fake
-def _(g, weights, out_dtype, backend):
-    return g.new_empty((g.shape[0], weights[0].shape[1]), dtype=out_dtype)
-
-
-@torch.library.custom_op("prime_fp8::weight_grad_gemm", mutates_args=())
-def _weight_grad_gemm(g: torch.Tensor, xt: torch.Tensor, xt_scale: torch.Tensor, out_dtype: torch.dtype,
-                      backend: str) -> torch.Tensor:
-    """``g.T @ x``: both 1×128 along the token dimension (``x.T`` quantised in the forward)."""
-    return gemm(quantize_rows(g.t()), (xt, xt_scale), b_block=1, out_dtype=out_dtype, backend=backend)
-
-
-@_weight_grad_gemm.register_fake
-def _(g, xt, xt_scale, out_dtype, backend):
-    return g.new_empty((g.shape[1], xt.shape[0]), dtype=out_dtype)
-
-
-@torch.library.custom_op("prime_fp8::input_and_weight_grad_gemms", mutates_args=())
-def _input_and_weight_grad_gemms(g: torch.Tensor, weights: list[torch.Tensor], xt: torch.Tensor,
-                                 xt_scale: torch.Tensor, x_dtype: torch.dtype, w_dtype: torch.dtype,
-                                 backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both: ``g @ cat(weights)`` and ``g.T @ x``, from one quantising pass over ``g``."""
-    rows, columns = quantize_rows_and_columns(g)
-    grad_x = gemm(rows, _weight_blocks(weights, True), b_block=128, out_dtype=x_dtype, backend=backend)
-    return grad_x, gemm(columns, (xt, xt_scale), b_block=1, out_dtype=w_dtype, backend=backend)
-
-
-@_input_and_weight_grad_gemms.register_fake
-def _(g, weights, xt, xt_scale, x_dtype, w_dtype, backend):
-    return (g.new_empty((g.shape[0], weights[0].shape[1]), dtype=x_dtype),
-            g.new_empty((g.shape[1], xt.shape[0]), dtype=w_dtype))
+def _gemm(a, b, b_block: int, out_dtype: torch.dtype, backend: str) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return _gemm_op(*a, *b, b_block, out_dtype, backend)
+    return gemm(a, b, b_block=b_block, out_dtype=out_dtype, backend=backend)
 
 
 class _FP8Linears(torch.autograd.Function):
@@ -132,9 +79,10 @@ class _FP8Linears(torch.autograd.Function):
         needs_w = any(ctx.needs_input_grad[3 : 3 + count])
         xt = xt_scale = None
         if needs_w and fp8_wgrad:
-            y, xt, xt_scale = _forward_gemm_keeping_xt(x2, weights, backend)
+            rows, (xt, xt_scale) = quantize_rows_and_columns(x2)
         else:
-            y = _forward_gemm(x2, weights, backend)
+            rows = quantize_rows(x2)
+        y = _gemm(rows, _weight_blocks(weights, False), 128, x.dtype, backend)
         sizes = [w.shape[0] for w in weights]
         outs = y.split(sizes, dim=1) if count > 1 else (y,)
         outs = tuple((o if b is None else o + b.to(o.dtype)).reshape(*lead, o.shape[1])
@@ -155,16 +103,20 @@ class _FP8Linears(torch.autograd.Function):
         g = gs[0] if count == 1 else torch.cat(gs, dim=1)
         needs_x, needs_w = needs[0], any(needs[3 : 3 + count])
         grad_x = grad_w = None
-        if needs_x and needs_w and ctx.fp8_wgrad:
-            grad_x, grad_w = _input_and_weight_grad_gemms(g, weights, xt, xt_scale, ctx.x_dtype, ctx.w_dtype,
-                                                          ctx.backend)
-        elif needs_x:
-            grad_x = _input_grad_gemm(g, weights, ctx.x_dtype, ctx.backend)
-        if needs_w and grad_w is None:
-            if ctx.fp8_wgrad:
-                grad_w = _weight_grad_gemm(g, xt, xt_scale, ctx.w_dtype, ctx.backend)
-            else:
-                grad_w = (g.t().to(x2.dtype) @ x2).to(ctx.w_dtype)
+        fp8_w = needs_w and ctx.fp8_wgrad
+        # One quantising pass over g gives both GEMMs' operands (its rows for dx, its columns,
+        # g.T's rows, for dW).
+        if needs_x and fp8_w:
+            rows, columns = quantize_rows_and_columns(g)
+        else:
+            rows = quantize_rows(g) if needs_x else None
+            columns = quantize_rows(g.t()) if fp8_w else None
+        if needs_x:
+            grad_x = _gemm(rows, _weight_blocks(weights, True), 128, ctx.x_dtype, ctx.backend)
+        if fp8_w:
+            grad_w = _gemm(columns, (xt, xt_scale), 1, ctx.w_dtype, ctx.backend)
+        elif needs_w:
+            grad_w = (g.t().to(x2.dtype) @ x2).to(ctx.w_dtype)
         if grad_x is not None:
             grad_x = grad_x.reshape(ctx.x_shape)
         grad_ws = [None] * count if grad_w is None else list(grad_w.split(ctx.sizes, dim=0))

@@ -20,15 +20,19 @@ never padded; the last 128-row block of a weight is simply shorter.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 
 import torch
 import torch.nn.functional as F
 
+from prime_plugin_fp8 import triton_quant
+
 BLOCK = 128
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+TRITON = importlib.util.find_spec("triton") is not None
+"""Whether CUDA tensors take the fused kernels (``triton_quant``); a constant, so that a graph
+being compiled branches on it without a call dynamo would have to trace."""
 
 
 def padded(k: int) -> int:
@@ -60,10 +64,8 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     one fused kernel (``triton_quant``, the same bits); ``quantize_rows_torch`` elsewhere."""
     if x.dim() != 2:
         raise ValueError(f"quantize_rows takes a 2-D tensor, got shape {tuple(x.shape)}")
-    if x.is_cuda and _triton():
-        from prime_plugin_fp8.triton_quant import quantize_rows as fused
-
-        return fused(x)
+    if x.is_cuda and TRITON:
+        return triton_quant.quantize_rows(x)
     return quantize_rows_torch(x)
 
 
@@ -85,10 +87,8 @@ def quantize_rows_and_columns(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torc
     once (``triton_quant``, the same bits); the two PyTorch quantisations elsewhere."""
     if x.dim() != 2:
         raise ValueError(f"quantize_rows_and_columns takes a 2-D tensor, got shape {tuple(x.shape)}")
-    if x.is_cuda and _triton():
-        from prime_plugin_fp8.triton_quant import quantize_rows_and_columns as fused
-
-        return fused(x)
+    if x.is_cuda and TRITON:
+        return triton_quant.quantize_rows_and_columns(x)
     return quantize_rows_torch(x), quantize_rows_torch(x.t())
 
 
@@ -97,10 +97,8 @@ def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     one scale per 128×128 block; fused like ``quantize_rows`` on a CUDA device."""
     if w.dim() != 2:
         raise ValueError(f"quantize_blocks takes a 2-D tensor, got shape {tuple(w.shape)}")
-    if w.is_cuda and _triton():
-        from prime_plugin_fp8.triton_quant import quantize_blocks as fused
-
-        return fused(w)
+    if w.is_cuda and TRITON:
+        return triton_quant.quantize_blocks(w)
     return quantize_blocks_torch(w)
 
 
@@ -113,11 +111,6 @@ def quantize_blocks_torch(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = _scales(w.abs().amax(dim=(1, 3)))
     q = _cast(w, scale[:, None, :, None]).view(np_, kp)
     return q[:n], scale
-
-
-@functools.cache
-def _triton() -> bool:
-    return importlib.util.find_spec("triton") is not None
 
 
 def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, k: int | None = None) -> torch.Tensor:

@@ -127,3 +127,33 @@ def test_fp8_training_tracks_bf16():
     summary = f"backend={backend} bf16={bf16.tolist()} fp8={fp8.tolist()}"
     assert bf16[-1] < 0.5 * bf16[0], summary  # the task is learnt
     assert ((fp8 - bf16).abs() <= 0.05 * bf16 + 0.05).all(), summary
+
+
+def test_compiled_group_launches_the_quantisers_from_inductor_with_eager_s_bits():
+    """A group (q, k, v shapes) under ``torch.compile`` (Inductor, one graph): its quantisers are
+    Triton operators that Inductor launches from its own code, its GEMMs one custom operator
+    each; the outputs and all gradients are eager's bit for bit."""
+    from torch._inductor.utils import run_and_get_code
+
+    from prime_plugin_fp8.linear import fp8_linears
+
+    backend = gemm.resolve("auto", torch.device("cuda", torch.cuda.current_device()))
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(3, 300, 640, device="cuda", generator=g).bfloat16()
+    weights = [(torch.randn(n, 640, device="cuda", generator=g) / 25).bfloat16() for n in (512, 128, 128)]
+    dys = [torch.randn(3, 300, n, device="cuda", generator=g).bfloat16() for n in (512, 128, 128)]
+
+    def run(fn):
+        xs, ws = x.clone().requires_grad_(), [w.clone().requires_grad_() for w in weights]
+        outs = fn(xs, *ws)
+        torch.autograd.backward(outs, dys)
+        return (*outs, xs.grad, *(w.grad for w in ws))
+
+    def group(x, *ws):
+        return fp8_linears(x, ws, backend=backend)
+
+    want = run(group)
+    got, (forward_code, *_) = run_and_get_code(run, torch.compile(group, fullgraph=True, dynamic=False))
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b), (a - b).abs().max()
+    assert "rows_and_columns" in forward_code and "prime_fp8.gemm" in forward_code, forward_code
