@@ -244,7 +244,7 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
                   "host_ms": 1e3 * host}
         rows.append(record)
         emit(args, record)
-        if args.profile and case == "fp8":
+        if args.profile and case in ("fp8", "fp8_compiled"):
             profile_calls(fn, device, f"fp8_linear {backend}, {model} {layer}, {m}x{k}x{n}")
     # The fused quantiser alone: x read once (bf16), its two FP8 copies and their scales written.
     seconds, _, _ = timed(lambda: quantize_rows_and_columns(x.detach()), device, args.reps)
