@@ -223,6 +223,12 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
     if device.type == "cuda":  # as a compiled step runs them: Inductor launches the quantisers
         cases["bf16_compiled"] = (compiled_backward(lambda: F.linear(x, w), dy), 6)
         cases["fp8_compiled"] = (compiled_backward(lambda: fp8_linear(x, w, backend=backend), dy), 6)
+        # The GPU's time alone (no host time at all): what removing the host work could reach.
+        try:
+            cases["bf16_graphed"] = (graphed(lambda: F.linear(x, w).backward(dy)), 6)
+            cases["fp8_graphed"] = (graphed(lambda: fp8_linear(x, w, backend=backend).backward(dy)), 6)
+        except RuntimeError as exc:
+            print(f"no CUDA graph of {model} {layer} ({backend}): {exc}", flush=True)
     if parts:
         cases["bf16_separate"] = (separately(F.linear), 6)
         cases["fp8_separate"] = (separately(lambda x, part: fp8_linear(x, part, backend=backend)), 6)
@@ -265,6 +271,22 @@ def compiled_backward(forward, dy):
     dynamo.recompile_limit = dynamo.accumulated_recompile_limit = 1024
     compiled = torch.compile(forward, dynamic=False)
     return lambda: compiled().backward(dy)
+
+
+def graphed(fn):
+    """``fn`` (a forward and backward) captured once in a CUDA graph; the call replays it."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as capture needs
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def bench_fp8_host(args, device) -> list[dict]:
@@ -446,18 +468,21 @@ def fp8_tables(console, fp8: list[dict]) -> None:
     if groups.rows:
         console.print(groups)
     compiled = Table(title="Compiled (torch.compile, Inductor launching the quantisers), fwd+bwd TFLOP/s; the "
-                           "group is the layer's linears as one FP8 group, against one bf16 linear")
-    for column in ("backend", "model", "layer", "M×K×N", "bf16", "fp8", "ratio", "fp8 group", "ratio"):
+                           "group is the layer's linears as one FP8 group, against one bf16 linear; graphed: "
+                           "replayed from a CUDA graph, the GPU's time alone")
+    for column in ("backend", "model", "layer", "M×K×N", "bf16", "fp8", "ratio", "fp8 group", "ratio",
+                   "bf16 graphed", "fp8 graphed", "ratio"):
         compiled.add_column(column, justify="right")
     for (backend, model, layer, m, case), r in keyed.items():
         if case != "bf16_compiled":
             continue
         get = {c: keyed.get((backend, model, layer, m, c), {}).get("tflops", float("nan"))
-               for c in ("bf16_compiled", "fp8_compiled", "fp8_group_compiled")}
+               for c in ("bf16_compiled", "fp8_compiled", "fp8_group_compiled", "bf16_graphed", "fp8_graphed")}
         compiled.add_row(backend, model, layer, f"{m}×{r['k']}×{r['n']}", f"{get['bf16_compiled']:.0f}",
                          f"{get['fp8_compiled']:.0f}",
                          ratio(get["fp8_compiled"], get["bf16_compiled"]), f"{get['fp8_group_compiled']:.0f}",
-                         ratio(get["fp8_group_compiled"], get["bf16_compiled"]))
+                         ratio(get["fp8_group_compiled"], get["bf16_compiled"]), f"{get['bf16_graphed']:.0f}",
+                         f"{get['fp8_graphed']:.0f}", ratio(get["fp8_graphed"], get["bf16_graphed"]))
     if compiled.rows:
         console.print(compiled)
 
