@@ -225,8 +225,8 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
         cases["fp8_compiled"] = (compiled_backward(lambda: fp8_linear(x, w, backend=backend), dy), 6)
         # The GPU's time alone (no host time at all): what removing the host work could reach.
         try:
-            cases["bf16_graphed"] = (graphed(lambda: F.linear(x, w).backward(dy)), 6)
-            cases["fp8_graphed"] = (graphed(lambda: fp8_linear(x, w, backend=backend).backward(dy)), 6)
+            cases["bf16_graphed"] = (graphed(lambda: F.linear(x, w).backward(dy), (x, w)), 6)
+            cases["fp8_graphed"] = (graphed(lambda: fp8_linear(x, w, backend=backend).backward(dy), (x, w)), 6)
         except RuntimeError as exc:
             print(f"no CUDA graph of {model} {layer} ({backend}): {exc}", flush=True)
     if parts:
@@ -273,8 +273,11 @@ def compiled_backward(forward, dy):
     return lambda: compiled().backward(dy)
 
 
-def graphed(fn):
-    """``fn`` (a forward and backward) captured once in a CUDA graph; the call replays it."""
+def graphed(fn, params):
+    """``fn`` (a forward and backward of ``params``) captured once in a CUDA graph; the call
+    replays it. The gradients are made in the capture, so that they live in the graph's own
+    memory pool: a gradient from before would be freed (and unmapped by ``empty_cache``) while
+    the replays still write into it."""
     import torch
 
     side = torch.cuda.Stream()
@@ -283,6 +286,8 @@ def graphed(fn):
         for _ in range(2):
             fn()
     torch.cuda.current_stream().wait_stream(side)
+    for p in params:
+        p.grad = None
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
