@@ -16,7 +16,9 @@ Each quantiser is also a ``torch.library.triton_op`` (``prime_fp8::quantize_*``)
 a graph being compiled gets: Inductor sees the kernel inside and launches it from its generated
 code, where the eager call goes through Triton's Python launcher (40-54 µs of host time a
 launch on the H200, stop 40; the FP8 linear is host-bound). Called eagerly the kernel is
-launched directly, without the operator's dispatch.
+launched directly, without the operator's dispatch. Registering the operators imports triton
+(torch looks for the kernels in their functions): about 0.2 s, paid where FP8 is used or planned,
+not when the plugin is listed.
 """
 
 from __future__ import annotations
