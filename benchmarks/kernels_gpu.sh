@@ -4,10 +4,10 @@
 #   bash benchmarks/kernels_gpu.sh bench   # LM head peak memory/time at V = 151,936; FP8 TFLOP/s vs bf16
 #   bash benchmarks/kernels_gpu.sh step    # whole training step vs the plain HF step (8k, 32k), same job
 #   bash benchmarks/kernels_gpu.sh attention   # attention kernels per row shape (attention_bench.py)
-#   bash benchmarks/kernels_gpu.sh deepgemm    # build DeepGEMM (deepgemm_build.sh), its FP8 tests, FP8 linear
-#                                              # on deep_gemm and torch side by side (~5 min: the build
-#                                              # ~90 s, the JIT's kernels ~40 s in 8 processes beside the tests,
-#                                              # ~2 min; the host time of each piece, fp8_host)
+#   bash benchmarks/kernels_gpu.sh deepgemm    # build DeepGEMM (deepgemm_build.sh), its FP8 tests, the host
+#                                              # time of each piece (fp8_host, deep_gemm and torch), the FP8
+#                                              # linear on deep_gemm eager, compiled and CUDA-graphed beside bf16
+#                                              # (~5.5 min: the build ~80 s, tests with the JIT warm-up ~160 s)
 #   bash benchmarks/kernels_gpu.sh fp8step     # the compiled 1.7B step at 8k, bf16 against FP8 (DeepGEMM if built)
 # Results under $OUT: kernels.jsonl, results.jsonl + hf.json (trainer_memory.py table), logs.
 # Needs prime installed (benchmarks/device_setup.sh); liger-kernel from benchmarks/.whl/extra if carried.
