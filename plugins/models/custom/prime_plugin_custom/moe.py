@@ -10,12 +10,17 @@ and sums them weighted by the router. An optional shared expert is added on top.
 from __future__ import annotations
 
 import functools
+import importlib.util
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from prime_plugin_custom.layers import MLP
+
+TRITON = importlib.util.find_spec("triton") is not None
+if TRITON:  # registers the permutation's operators, so a compiled block can call them
+    from prime_plugin_custom import moe_triton
 
 
 def grouped_mm_loop(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -111,7 +116,8 @@ def gather_rows(x: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor, cop
 
 
 class LocalDispatcher:
-    """Dispatch and combine without communication: every expert is local."""
+    """Dispatch and combine without communication: every expert is local. On a CUDA device
+    with Triton, the copies move in ``moe_triton``'s kernels; elsewhere through ``gather_rows``."""
 
     def __init__(self, num_experts: int) -> None:
         self.num_experts = num_experts
@@ -130,11 +136,17 @@ class LocalDispatcher:
         inverse[order] = torch.arange(order.numel(), device=order.device)
         # Copy i of token t sits at inverse[t * k + i]: the backward sums a token's copies by a
         # gather, in a fixed order.
-        return gather_rows(x, order // k, inverse, k), counts, (order, inverse, topk_weight, tokens, k)
+        if x.is_cuda and TRITON:
+            x_local = moe_triton.dispatch(x, inverse, k)
+        else:
+            x_local = gather_rows(x, order // k, inverse, k)
+        return x_local, counts, (order, inverse, topk_weight, tokens, k)
 
     def combine(self, y_local: torch.Tensor, handle) -> torch.Tensor:
         """``[T, H]``: for each token the router-weighted sum of its ``k`` expert outputs."""
         order, inverse, topk_weight, tokens, k = handle
+        if y_local.is_cuda and TRITON:
+            return moe_triton.combine(y_local, inverse, topk_weight)
         # Back in (token, choice) order, the k copies of a token are adjacent: a fixed-order
         # sum, no atomics (and none in the backward, a gather by ``order``).
         y = gather_rows(y_local, inverse, order).view(tokens, k, y_local.shape[-1])

@@ -87,3 +87,45 @@ def test_model_on_gpu_matches_transformers(arch, tmp_path):
         print(f"{arch} {dtype}: max |diff| {diff.max().item():.2e}, mean {diff.mean().item():.2e} "
               f"(logit scale {scale:.2f})")
         assert (diff.max() if dtype == "float32" else diff.mean()).item() <= tolerance * max(1.0, scale)
+
+
+def test_the_moe_permutation_runs_in_triton_eager_and_compiled_and_matches_the_gathers(monkeypatch):
+    """bf16 on the GPU: the local dispatcher's Triton kernels (eager, and launched from a
+    compiled layer's own code) and its PyTorch gathers, outputs and every gradient, each
+    against the same layer in float32 (same routing: the router computes in float32)."""
+    pytest.importorskip("triton")
+    from torch._inductor.utils import run_and_get_code
+
+    from prime_plugin_custom import moe
+    from prime_plugin_custom.moe import SparseMoE
+
+    torch.manual_seed(0)
+    layer = SparseMoE(hidden=256, intermediate=128, num_experts=16, top_k=4, norm_topk_prob=True)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0, 0.05)
+    layer = layer.cuda().bfloat16()
+    x = torch.randn(300, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+
+    def run(fn, dtype=torch.bfloat16):
+        inputs = x.detach().to(dtype).requires_grad_()
+        out = fn(inputs)
+        grads = torch.autograd.grad(out, (inputs, *layer.parameters()), dy.to(dtype))
+        return [out.float(), *(g.float() for g in grads)]
+
+    triton_eager = run(layer)
+    monkeypatch.setattr(moe, "TRITON", False)
+    gathers = run(layer)
+    layer.float()
+    reference = run(layer, torch.float32)
+    layer.bfloat16()
+    monkeypatch.setattr(moe, "TRITON", True)
+    torch._dynamo.reset()
+    compiled, codes = run_and_get_code(lambda: run(torch.compile(layer, dynamic=False)))
+    assert any("copy_rows" in code for code in codes) and any("sum_rows" in code for code in codes), \
+        "Inductor launches the permutation's kernels"
+    for name, results in (("triton", triton_eager), ("gathers", gathers), ("compiled", compiled)):
+        for i, (got, want) in enumerate(zip(results, reference, strict=True)):
+            error = ((got - want).norm() / want.norm()).item()
+            assert error < 2e-2, f"{name}: tensor {i} is {error:.2e} from float32"
