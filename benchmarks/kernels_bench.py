@@ -5,6 +5,7 @@
     python3 benchmarks/kernels_bench.py fp8 --tokens 8192 --out $OUT    # --backends deep_gemm torch: both; --profile
     python3 benchmarks/kernels_bench.py fp8_host --backends deep_gemm torch --reps 200 --out $OUT
     python3 benchmarks/kernels_bench.py adamw --out $OUT                       # --launch 4096:4 1024:8: launch shapes
+    python3 benchmarks/kernels_bench.py moe --tokens 8192 --out $OUT           # --profile
     python3 benchmarks/kernels_bench.py table --out $OUT
 
 ``lm_head``: forward + backward of the LM head at Qwen3's vocabulary (151,936) and hidden size
@@ -31,6 +32,12 @@ is negligible: what bounds a step whose host falls behind its GPU.
 ``adamw``: one update of one-process mixed precision's master weights (``prime_plugin_fsdp``):
 the trainer's unfused path against ``adamw``'s fused kernel, on the 1.7B and the 2.9B MoE
 shapes' tensors (``bench_adamw``).
+
+``moe``: the 2.9B MoE shape's layer (``SparseMoE``: 64 experts of 768, top 8, hidden 2,048;
+bf16) forward + backward, eager and compiled, with the local dispatcher's permutation in
+``moe_triton``'s kernels (``triton``) and in PyTorch gathers (``torch``, what Inductor fuses);
+also the dispatch and combine alone (no experts between them), with the bytes they must move
+(each direction reads and writes the ``T·k`` copies once, and the tokens once).
 
 Results: JSON lines in ``OUT/kernels.jsonl``; ``table`` prints them. ``--tiny`` shrinks every
 size so the script runs on a CPU in seconds (a smoke test of the script, not a measurement).
@@ -432,6 +439,68 @@ def bench_adamw(args, device) -> list[dict]:
     return records
 
 
+def bench_moe(args, device) -> list[dict]:
+    """``SparseMoE`` forward + backward with each permutation path, eager and compiled, and the
+    permutation alone (``dispatch`` then ``combine`` of the copies, fwd+bwd)."""
+    import torch
+
+    from prime_plugin_custom import moe as moe_module
+    from prime_plugin_custom import moe_triton
+    from prime_plugin_custom.moe import SparseMoE
+
+    default = (moe_triton.TILE, moe_triton.SPAN, moe_triton.WARPS)
+
+    hidden, inter, experts, k = (64, 32, 8, 2) if args.tiny else (2048, 768, 64, 8)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    layer = SparseMoE(hidden=hidden, intermediate=inter, num_experts=experts, top_k=k, norm_topk_prob=True)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0, 0.02)
+    layer = layer.to(device=device, dtype=dtype)
+    records = []
+    for tokens in args.tokens:
+        tokens = min(tokens, 256) if args.tiny else tokens
+        x = torch.randn(tokens, hidden, device=device, dtype=dtype, requires_grad=True)
+        dy = torch.randn(tokens, hidden, device=device, dtype=dtype)
+        with torch.no_grad():
+            idx, weight = layer.route(x)
+        weight.requires_grad_()  # the permutation alone: the router weight is a leaf
+
+        def whole(x=x, dy=dy):
+            layer(x).backward(dy)
+
+        def permutation(x=x, dy=dy, idx=idx, weight=weight):
+            x_local, _, handle = layer.dispatcher.dispatch(x, idx, weight)
+            layer.dispatcher.combine(x_local, handle).backward(dy)
+
+        element = torch.finfo(dtype).bits // 8
+        moved = 4 * (tokens * k + tokens) * hidden * element  # two passes each way, each T·k rows and T rows
+        launches = [tuple(int(v) for v in text.split(":")) for text in args.launch] or [default]
+        runs = [("torch", default)] + [("triton", launch) for launch in launches]
+        for path, (moe_triton.TILE, moe_triton.SPAN, moe_triton.WARPS) in runs:
+            moe_module.TRITON = path == "triton"
+            for case, fn in (("layer", whole), ("permutation", permutation)):
+                for compiled in (False, True):
+                    torch._dynamo.reset()
+                    call = torch.compile(fn, dynamic=False) if compiled else fn
+                    seconds, peak, host = timed(call, device, args.reps)
+                    record = {"bench": "moe", "path": path, "case": case, "compiled": compiled, "tokens": tokens,
+                              "hidden": hidden, "experts": experts, "k": k, "ms": seconds * 1e3,
+                              "host_ms": host * 1e3, "peak_gib": peak / 2**30}
+                    if path == "triton":
+                        record["launch"] = f"{moe_triton.TILE}:{moe_triton.SPAN}:{moe_triton.WARPS}"
+                    if case == "permutation":
+                        record["gbps"] = moved / seconds / 1e9
+                    records.append(record)
+                    emit(args, record)
+                    if args.profile and compiled and case == "layer":
+                        profile_calls(call, device, f"MoE layer, {path} permutation, compiled, {tokens} tokens")
+    moe_module.TRITON = True
+    moe_triton.TILE, moe_triton.SPAN, moe_triton.WARPS = default
+    return records
+
+
 def emit(args, record: dict) -> None:
     with open(args.out / "kernels.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
@@ -492,6 +561,28 @@ def fp8_tables(console, fp8: list[dict]) -> None:
         console.print(compiled)
 
 
+def moe_table(console, moe: list[dict]) -> None:
+    from rich.table import Table
+
+    if not moe:
+        return
+    grid = Table(title="MoE layer (bf16) and its permutation alone, forward + backward, ms: PyTorch gathers "
+                       "against moe_triton's kernels")
+    for column in ("tokens", "case", "compiled", "tile:span:warps", "torch ms", "triton ms", "triton / torch",
+                   "torch GB/s", "triton GB/s", "peak GiB torch / triton"):
+        grid.add_column(column, justify="right")
+    base = {(r["tokens"], r["case"], r["compiled"]): r for r in moe if r["path"] == "torch"}
+    for other in moe:
+        r = base.get((other["tokens"], other["case"], other["compiled"]))
+        if other["path"] != "triton" or r is None:
+            continue
+        grid.add_row(f"{other['tokens']:,}", other["case"], str(other["compiled"]),
+                     other.get("launch", "-"), f"{r['ms']:.2f}", f"{other['ms']:.2f}",
+                     ratio(other["ms"], r["ms"]), f"{r.get('gbps', 0):.0f}", f"{other.get('gbps', 0):.0f}",
+                     f"{r['peak_gib']:.2f} / {other['peak_gib']:.2f}")
+    console.print(grid)
+
+
 def table(out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -525,6 +616,7 @@ def table(out: Path) -> None:
         for case in dict.fromkeys(r["case"] for r in host):
             grid.add_row(case, *(f"{keyed[(b, case)]:.0f}" if (b, case) in keyed else "-" for b in backends))
         console.print(grid)
+    moe_table(console, [r for r in records if r["bench"] == "moe"])
     steps = [r for r in records if r["bench"] == "adamw"]
     if steps:
         grid = Table(title="The master weights' update (bf16 gradients, clip, AdamW, compute copies)")
@@ -544,16 +636,18 @@ def ratio(value, base) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("lm_head", "fp8", "fp8_host", "adamw", "table"))
+    parser.add_argument("mode", choices=("lm_head", "fp8", "fp8_host", "adamw", "moe", "table"))
     parser.add_argument("--models", nargs="+", default=["1.7B", "moe"], help="adamw: the shapes")
     parser.add_argument("--launch", nargs="+", default=[], metavar="BLOCK:WARPS",
-                        help="adamw: time the fused kernel at each of these launch shapes (default: its own)")
+                        help="adamw, moe: time the fused kernel / the permutation's kernels at each of these launch "
+                             "shapes (default: their own; moe's are TILE:SPAN:WARPS, see moe_triton.TILE)")
     parser.add_argument("--backends", nargs="+", default=["auto"],
                         help="fp8: the fp8_linear backends to time, each beside its own bf16 run")
     parser.add_argument("--layers", nargs="+", default=[], metavar="MODEL:LAYER",
                         help="fp8: only these shapes (e.g. 1.7B:qkv 8B:down; default all)")
     parser.add_argument("--profile", action="store_true",
-                        help="fp8: print the profiler's host and GPU tables of each FP8 linear's calls")
+                        help="fp8, moe: print the profiler's host and GPU tables of each FP8 linear's / the compiled "
+                             "MoE layer's calls")
     parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("/tmp/prime-kernels"))
@@ -567,7 +661,7 @@ def main() -> int:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     {"lm_head": bench_lm_head, "fp8": bench_fp8, "fp8_host": bench_fp8_host,
-     "adamw": bench_adamw}[args.mode](args, device)
+     "adamw": bench_adamw, "moe": bench_moe}[args.mode](args, device)
     return 0
 
 

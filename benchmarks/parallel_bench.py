@@ -161,6 +161,12 @@ def idle_table(prof, rows: int = 25) -> list[str]:
             return max(ops[lo:hi], key=lambda e: e.time_range.end - e.time_range.start).name
         return ops[lo - 1].name if lo else "?"
 
+    def inside(t0, t1, count=8):
+        """The host operators that ran in the gap, by how much of it each covers (nested ones too)."""
+        overlap = [(min(e.time_range.end, t1) - max(e.time_range.start, t0), e.name)
+                   for e in ops[:bisect.bisect_right(starts, t1)] if e.time_range.end > t0]
+        return [f"{o / 1e3:.2f} {name[:60]}" for o, name in sorted(overlap, reverse=True)[:count] if o > 0]
+
     by_op: dict = defaultdict(lambda: [0.0, 0])
     described = []
     for gap in sorted(gaps, reverse=True):
@@ -169,6 +175,8 @@ def idle_table(prof, rows: int = 25) -> list[str]:
         by_op[name][1] += 1
         if len(described) < rows:
             described.append(f"{gap[0] / 1e3:8.2f} ms  before {gap[3][:70]}  host in {name[:80]}")
+            if len(described) <= 5:  # the longest: what the host ran meanwhile (ms of the gap, operator)
+                described.append("           during: " + "; ".join(inside(gap[1], gap[2])))
     idle = sum(g[0] for g in gaps)
     lines = [f"GPU idle {idle / 1e3:.1f} ms of {window / 1e3:.1f} ms between the step's first and last kernel "
              f"({len(gaps)} gaps over 5 us); by what the host was doing:"]
