@@ -215,6 +215,15 @@ def encode_json(header: dict, rows: list) -> bytes:
     return json.dumps({**header, "micro_batches": [_fields(r) for r in rows]}).encode()
 
 
+def row_arrays(row: dict) -> dict:
+    """A packed row's fields (``MicroBatch.as_dict()``: lists) as the trainer reads them from
+    either format: numpy arrays of ``ARRAYS``' dtypes, and ``OPTIONAL``'s where present."""
+    arrays = {key: np.asarray(row[key], dtype=dtype) for key, dtype in ARRAYS.items()}
+    arrays.update({key: np.asarray(row[key], dtype=dtype) for key, dtype in OPTIONAL.items()
+                   if row.get(key) is not None})
+    return arrays
+
+
 def decode_json(data: bytes) -> dict:
     try:
         payload = json.loads(data)
@@ -225,9 +234,7 @@ def decode_json(data: bytes) -> dict:
     rows = []
     for i, row in enumerate(payload["micro_batches"]):
         try:
-            arrays = {key: np.asarray(row[key], dtype=dtype) for key, dtype in ARRAYS.items()}
-            arrays.update({key: np.asarray(row[key], dtype=dtype) for key, dtype in OPTIONAL.items()
-                           if row.get(key) is not None})
+            arrays = row_arrays(row)
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise BatchFileError(f"micro_batches[{i}] is not a packed row ({type(exc).__name__}: {exc})") from None
         if any(a.ndim != 1 or len(a) != len(arrays["input_ids"]) for a in arrays.values()):
