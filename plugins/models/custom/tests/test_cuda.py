@@ -89,6 +89,17 @@ def test_model_on_gpu_matches_transformers(arch, tmp_path):
         assert (diff.max() if dtype == "float32" else diff.mean()).item() <= tolerance * max(1.0, scale)
 
 
+def _bf16_moe():
+    from prime_plugin_custom.moe import SparseMoE
+
+    torch.manual_seed(0)
+    layer = SparseMoE(hidden=256, intermediate=128, num_experts=16, top_k=4, norm_topk_prob=True)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0, 0.05)
+    return layer.cuda().bfloat16()
+
+
 def test_the_moe_permutation_runs_in_triton_eager_and_compiled_and_matches_the_gathers(monkeypatch):
     """bf16 on the GPU: the local dispatcher's Triton kernels (eager, and launched from a
     compiled layer's own code) and its PyTorch gathers, outputs and every gradient, each
@@ -97,14 +108,8 @@ def test_the_moe_permutation_runs_in_triton_eager_and_compiled_and_matches_the_g
     from torch._inductor.utils import run_and_get_code
 
     from prime_plugin_custom import moe
-    from prime_plugin_custom.moe import SparseMoE
 
-    torch.manual_seed(0)
-    layer = SparseMoE(hidden=256, intermediate=128, num_experts=16, top_k=4, norm_topk_prob=True)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.normal_(0, 0.05)
-    layer = layer.cuda().bfloat16()
+    layer = _bf16_moe()
     x = torch.randn(300, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn_like(x)
 
@@ -135,14 +140,7 @@ def test_the_compiled_moe_permutation_takes_any_token_count():
     """Rows of every length: compiled with dynamic shapes (as automatic dynamic makes the token
     count once a second length arrives), the permutation's operators trace with a symbolic count."""
     pytest.importorskip("triton")
-    from prime_plugin_custom.moe import SparseMoE
-
-    torch.manual_seed(0)
-    layer = SparseMoE(hidden=256, intermediate=128, num_experts=16, top_k=4, norm_topk_prob=True)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.normal_(0, 0.05)
-    layer = layer.cuda().bfloat16()
+    layer = _bf16_moe()
     compiled = torch.compile(layer, dynamic=True)
     for tokens in (300, 211, 517, 1):
         x = torch.randn(tokens, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
