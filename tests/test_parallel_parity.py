@@ -59,3 +59,13 @@ def test_matches_a_single_process(results, case):
         # ... and each rank held a quarter: the EP group's share, split over dp_mod_ep too
         held = got["layout"]["model.layers.0.mlp.experts.down_proj"]
         assert held["mesh"] == ["dp_mod_ep", "ep"] and math.prod(held["local_shape"]) * 4 == math.prod(held["shape"])
+
+
+def test_a_rank_killed_by_a_signal_is_told_from_one_that_exited():
+    from prime_core.parity import killed_by_signal
+
+    segfault = ("E1129 02:48:30.059000 19579 .../api.py:1002] failed (exitcode: -11) local_rank: 2 "
+                "(pid: 19584) of binary: /check/.venv/bin/python")
+    assert killed_by_signal(segfault) == 11
+    assert killed_by_signal(segfault.replace("-11", "1")) is None
+    assert killed_by_signal("") is None
