@@ -61,6 +61,36 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.
     return grouped_mm_loop(x, w, counts)
 
 
+def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x [T, H] @ weight.T`` in float32 (the router's logits). With bfloat16 ``x`` and ``weight``
+    on a CUDA GPU, one bfloat16 GEMM writing float32 (``_Bf16Router``); elsewhere both are cast
+    to float32 first."""
+    if x.is_cuda and x.dim() == 2 and x.dtype == weight.dtype == torch.bfloat16:
+        return _Bf16Router.apply(x, weight)
+    return F.linear(x.float(), weight.float())
+
+
+class _Bf16Router(torch.autograd.Function):
+    """The forward computes what ``F.linear(x.float(), weight.float())`` does (bfloat16 values are
+    exact in float32; the products are summed in float32), on the tensor cores: the float32 GEMMs
+    ran on the CUDA cores, 1.6 ms of a 2.9B MoE step (8 layers, 8k tokens) on an H200. The backward
+    rounds the logits' gradient to bfloat16 and multiplies in bfloat16, as transformers' bfloat16
+    router does; the gradients it returns are bfloat16 either way."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return torch.mm(x, weight.t(), out_dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad = grad.to(x.dtype)
+        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+        grad_weight = grad.t() @ x if ctx.needs_input_grad[1] else None
+        return grad_x, grad_weight
+
+
 def _local(param: torch.Tensor) -> torch.Tensor:
     # An EP strategy shards the expert weights as DTensors over dim 0; this rank computes
     # with its own slice.
@@ -178,7 +208,7 @@ class SparseMoE(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(topk_idx [T, k] int64, topk_weight [T, k] float32)``: softmax over all experts,
         then the top k (renormalised to sum to 1 when ``norm_topk_prob``)."""
-        logits = F.linear(x.float(), self.gate.weight.float())
+        logits = router_logits(x, self.gate.weight)
         weight, idx = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
         if self.norm_topk_prob:
             weight = weight / weight.sum(dim=-1, keepdim=True)

@@ -89,6 +89,27 @@ def test_model_on_gpu_matches_transformers(arch, tmp_path):
         assert (diff.max() if dtype == "float32" else diff.mean()).item() <= tolerance * max(1.0, scale)
 
 
+def test_the_bf16_router_gives_the_float32_logits():
+    """``router_logits`` on bfloat16 inputs, eager and compiled: the forward as the float32 GEMM
+    computes it (the same products, summed in float32), the gradients as bfloat16's."""
+    from prime_plugin_custom.moe import router_logits
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(777, 512, device="cuda", generator=generator).bfloat16().requires_grad_()
+    weight = (torch.randn(64, 512, device="cuda", generator=generator) * 0.05).bfloat16().requires_grad_()
+    dy = torch.randn(777, 64, device="cuda", generator=generator)
+    want = x.double() @ weight.double().t()
+    wants = dy.double() @ weight.double(), dy.double().t() @ x.double()
+    for fn in (router_logits, torch.compile(router_logits)):
+        logits = fn(x, weight)
+        assert logits.dtype == torch.float32
+        torch.testing.assert_close(logits.double(), want, rtol=1e-5, atol=1e-5)
+        for got, expected in zip(torch.autograd.grad(logits, (x, weight), dy), wants, strict=True):
+            assert got.dtype == torch.bfloat16
+            error = ((got.double() - expected).norm() / expected.norm()).item()
+            assert error < 1e-2, error
+
+
 def _bf16_moe():
     from prime_plugin_custom.moe import SparseMoE
 
