@@ -32,6 +32,10 @@ On an H200 the MoE 2.9B shape's update took 22.4 ms at this shape, 25.3 ms at 4,
 plugin's README)."""
 
 
+NORM_BLOCK, NORM_WARPS = 8192, 8
+"""The gradient norm's elements per program (``adamw_kernel.squares``), and its warps."""
+
+
 def why_not(weights, optimizer) -> str | None:
     """Why this optimizer's step cannot be fused over ``weights`` (``None``: it can)."""
     import torch
@@ -77,13 +81,15 @@ def step(weights, optimizer, max_norm: float | None, gradients: list):
     clipping (a 0-dim float32 tensor)."""
     import torch
 
-    from prime_core.trainer.optim import clip_factor, squared_norm
+    from prime_core.trainer.optim import clip_factor
 
-    live = [g for g in gradients if g is not None]
     device = weights.masters[0].device
-    if not live:
+    if all(g is None for g in gradients):
         return torch.zeros((), device=device)
-    norm = squared_norm(live).sqrt()
+    for index, grad in enumerate(gradients):
+        if grad is not None and not _readable(grad):
+            gradients[index] = grad.clone(memory_format=torch.contiguous_format)
+    norm = squared_norm(weights, gradients).sqrt()
     clip = clip_factor(norm, max_norm) if max_norm else torch.ones((), device=device)
     launches: dict[tuple, list[int]] = {}
     steps = []
@@ -95,8 +101,6 @@ def step(weights, optimizer, max_norm: float | None, gradients: list):
             grad = gradients[index]
             if grad is None:
                 continue
-            if not _readable(grad):
-                gradients[index] = grad = grad.clone(memory_format=torch.contiguous_format)
             state = optimizer.state[param]
             if not state:
                 _init_state(state, param, group)
@@ -105,20 +109,47 @@ def step(weights, optimizer, max_norm: float | None, gradients: list):
             bc1, bc2 = 1 - beta1 ** count, 1 - beta2 ** count
             key = (grad.dtype, 1 - lr * decay, 1 - beta1, beta2, 1 - beta2, lr / bc1, bc2 ** 0.5, eps)
             launches.setdefault(key, []).append(index)
-    import triton.language as tl
-
     from prime_plugin_fsdp.adamw_kernel import adamw
 
     items, first = weights.step_grid(BLOCK)
     for key, indices in launches.items():
         table = _table(weights, optimizer, gradients, set(indices))
         grad_dtype, *scalars = key
-        grad_type = tl.float32 if grad_dtype == torch.float32 else tl.bfloat16
-        adamw[(items.numel(),)](table, items, first, clip, *scalars, GRAD=grad_type, BLOCK=BLOCK, num_warps=WARPS)
+        adamw[(items.numel(),)](table, items, first, clip, *scalars, GRAD=_triton_type(grad_dtype), BLOCK=BLOCK,
+                                num_warps=WARPS)
     torch._foreach_add_(steps, 1.0)
     weights.step_counts.advanced(steps)
     optimizer._opt_called = True  # what optimizer.step() marks: the LR scheduler warns without it
     return norm
+
+
+def squared_norm(weights, gradients: list):
+    """The sum of the squares of ``gradients`` (readable, one per master or ``None``) in float32:
+    each ``NORM_BLOCK`` of a gradient summed by one program of ``adamw_kernel.squares``, then the
+    programs' sums. ``torch._foreach_norm`` read the MoE 2.9B shape's bf16 gradients at about
+    2.4 TB/s (2.4 ms a step on an H200)."""
+    import torch
+
+    from prime_plugin_fsdp.adamw_kernel import squares
+
+    items, first = weights.step_grid(NORM_BLOCK)
+    dtypes = sorted({g.dtype for g in gradients if g is not None}, key=str)
+    sums = torch.empty(len(dtypes), items.numel(), dtype=torch.float32, device=weights.masters[0].device)
+    for dtype, out in zip(dtypes, sums, strict=True):
+        table = _addresses([(0, g.data_ptr() if g is not None and g.dtype == dtype else 0, 0, 0, 0, m.numel())
+                            for m, g in zip(weights.masters, gradients, strict=True)], weights.masters[0].device)
+        squares[(items.numel(),)](table, items, first, out, GRAD=_triton_type(dtype), BLOCK=NORM_BLOCK,
+                                  num_warps=NORM_WARPS)
+    return sums.sum()
+
+
+def _triton_type(dtype):
+    """A gradient's dtype as the kernels name it (float32 or bfloat16: ``why_not`` and the
+    compute copies' dtype leave no other)."""
+    import torch
+    import triton.language as tl
+
+    return tl.float32 if dtype == torch.float32 else tl.bfloat16
 
 
 def _init_state(state: dict, param, group: dict) -> None:
@@ -150,8 +181,14 @@ def _table(weights, optimizer, gradients: list, stepped: set[int]):
                 m.to(torch.float32, memory_format=torch.contiguous_format, copy=True) for m in moments)
         rows.append((master.data_ptr(), gradients[index].data_ptr(), moments[0].data_ptr(), moments[1].data_ptr(),
                      copy.data_ptr(), master.numel()))
+    return _addresses(rows, weights.masters[0].device)
+
+
+def _addresses(rows: list[tuple], device):
+    """A kernel's address table on ``device``."""
+    import torch
+
     table = torch.tensor(rows, dtype=torch.int64)
-    device = weights.masters[0].device
     if device.type == "cuda":  # pinned and asynchronous: a pageable copy would wait for the backward pass
         return table.pin_memory().to(device, non_blocking=True)
     return table

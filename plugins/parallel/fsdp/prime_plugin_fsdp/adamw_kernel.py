@@ -81,3 +81,23 @@ def adamw(table, items, first, clip, lr_decay, one_minus_beta1, beta2, one_minus
     elif start < n:
         _update(row, offs, inside, clip, lr_decay, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps,
                 GRAD, True)
+
+
+@triton.jit
+def squares(table, items, first, out, GRAD: tl.constexpr, BLOCK: tl.constexpr):
+    """``out[i]``: the sum of the squares, in float32, of program ``i``'s ``BLOCK`` of its tensor's
+    gradient (``table``, ``items`` and ``first`` as for ``adamw``; a zero gradient address: 0)."""
+    i = tl.program_id(0)
+    t = tl.load(items + i)
+    row = table + t * 6
+    n = tl.where(tl.load(row + G) != 0, tl.load(row + N), 0)
+    start = (i - tl.load(first + t)).to(tl.int64) * BLOCK
+    offs = start + tl.arange(0, BLOCK)
+    inside = offs < n
+    pointer = _aligned(tl.load(row + G), GRAD)
+    if start + BLOCK <= n:
+        g = _load(pointer, offs, inside, False)
+        tl.store(out + i, tl.sum(g * g, axis=0))
+    else:
+        g = _load(pointer, offs, inside, True)
+        tl.store(out + i, tl.sum(g * g, axis=0))

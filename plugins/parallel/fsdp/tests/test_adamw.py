@@ -47,7 +47,7 @@ def _grads(seed, dtype, scale):
 @pytest.mark.parametrize("grad_dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("max_norm", [None, 0.5, 1e3], ids=["no_clip", "clipped", "under_the_bound"])
 def test_the_fused_step_is_adamw_after_clipping(grad_dtype, max_norm):
-    from prime_core.trainer.optim import clip_grad_norm
+    from prime_core.trainer.optim import clip_factor, clip_grad_norm
     from prime_plugin_fsdp import adamw
 
     ours, theirs = _masters(1), _masters(1)
@@ -59,11 +59,15 @@ def test_the_fused_step_is_adamw_after_clipping(grad_dtype, max_norm):
     for step in range(4):
         grads = _grads(10 + step, grad_dtype, scale=0.3 * (step + 1))
         for param, grad in zip(theirs, grads, strict=True):
-            param.grad = grad.float().clone()  # clipped in place
-        want = clip_grad_norm(theirs, max_norm)
+            param.grad = grad.float().clone()
+        # The trainer's clipping, by the norm in float64: the fused norm is within 1e-6 of it,
+        # _foreach_norm's 2.5e-6 on CPU, enough to move the moments past float32 rounding.
+        torch.testing.assert_close(clip_grad_norm(theirs, None), _norm(grads).float(), rtol=1e-5, atol=0)
+        if max_norm is not None:
+            torch._foreach_mul_([p.grad for p in theirs], clip_factor(_norm(grads).float(), max_norm))
         reference.step()
         got = adamw.step(weights, mine, max_norm, list(grads))
-        torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+        torch.testing.assert_close(got.double(), _norm(grads), rtol=1e-6, atol=0)
         for a, b in zip(ours, theirs, strict=True):
             _close(a, b)
             for key in ("exp_avg", "exp_avg_sq"):
@@ -74,11 +78,33 @@ def test_the_fused_step_is_adamw_after_clipping(grad_dtype, max_norm):
             assert torch.equal(copy, master.detach().to(torch.bfloat16))
 
 
+def _norm(grads) -> torch.Tensor:
+    """The gradients' norm in float64. The fused update sums each block's squares in float32,
+    torch's ``_foreach_norm`` (the trainer's clipping) each tensor's norm: on CPU the sum is
+    closer (6e-9 from float64 here, against 2.5e-6)."""
+    return sum((g.double() ** 2).sum() for g in grads if g is not None).sqrt()
+
+
 def _close(got, want) -> None:
     """Equal up to float32 rounding: within a few units in the last place of the largest value
     (a moment near zero after ``m + (1 - beta1) * (g - m)`` loses its relative precision)."""
     got, want = got.detach().cpu(), want.detach().cpu()
     assert float((got - want).abs().max()) <= 4e-7 * float(want.abs().max()), float((got - want).abs().max())
+
+
+@kernel_test
+def test_the_norm_sums_every_gradient_whatever_its_dtype():
+    """A second micro-batch leaves float32 gradients beside one micro-batch's bfloat16 ones; a
+    parameter may have none. Blocks whole and cut short (``SHAPES`` has sizes across ``NORM_BLOCK``)."""
+    from prime_core.trainer.optim import squared_norm as reference
+    from prime_plugin_fsdp import adamw
+
+    assert max(torch.Size(s).numel() for s in SHAPES) > adamw.NORM_BLOCK
+    grads = _grads(7, torch.bfloat16, 1.0)
+    grads[0], grads[3], grads[1] = grads[0].float(), grads[3].float(), None
+    got = adamw.squared_norm(Weights(_masters(6)), grads)
+    torch.testing.assert_close(got.double(), _norm(grads) ** 2, rtol=1e-6, atol=0)
+    torch.testing.assert_close(got, reference([g for g in grads if g is not None]), rtol=1e-5, atol=0)
 
 
 @kernel_test
