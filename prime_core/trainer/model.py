@@ -61,7 +61,8 @@ def predicted_logprobs(model, input_ids, position_ids, targets, *, packing=None,
 
     Models that take a ``Packing`` (native implementations) get it (derived from the position
     ids when not given: the whole row); others get a block-diagonal mask for a packed row and
-    plain causal attention (the fast kernels) for a row holding one sample. The log-softmax
+    plain causal attention (the fast kernels) for a row holding one sample (a whole row's
+    ``packing``, when given, says which without reading the device). The log-softmax
     never exists in full: see ``TokenLogProb``.
     """
     if getattr(model, "lm_head_fn", None) is not None:  # the fused LM head: no logits at all
@@ -71,8 +72,8 @@ def predicted_logprobs(model, input_ids, position_ids, targets, *, packing=None,
     if getattr(model, "accepts_packing", False):
         logits = model(input_ids=input_ids, position_ids=position_ids, packing=packing).logits
     else:
-        assert packing is None, "a split row needs a model implementation that takes a Packing"
-        single = bool((position_ids[:, 1:] != 0).all())
+        assert packing is None or packing.contiguous, "a split row needs a model implementation that takes a Packing"
+        single = len(packing.segments()) == 1 if packing is not None else bool((position_ids[:, 1:] != 0).all())
         mask = None if single else block_causal_mask(position_ids)
         logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=False).logits
     logp, entropy = token_logprob_fn()(logits.flatten(0, 1), targets, float(temperature), with_entropy)

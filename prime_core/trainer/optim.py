@@ -124,17 +124,18 @@ def build_scheduler(optimizer, scheduler_config, max_steps: int | None):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(scheduler_config, lr, max_steps, step))
 
 
-def clip_and_step(model, optimizer, scheduler, max_norm: float | None, update=None) -> float:
-    """Clip the gradients to ``max_norm`` and step; returns the norm before clipping. A
-    strategy's ``update`` hook (``Applied.update``) may do both itself."""
+def clip_and_step(model, optimizer, scheduler, max_norm: float | None, update=None):
+    """Clip the gradients to ``max_norm`` and step; returns the norm before clipping, as the
+    device holds it (a 0-dim tensor, or 0.0 without gradients): the caller reads it with
+    whatever else it reads after the step, in one transfer. A strategy's ``update`` hook
+    (``Applied.update``) may do both itself."""
     norm = update(model, optimizer, max_norm) if update is not None else None
     if norm is None:
         norm = clip_grad_norm([p for p in model.parameters() if p.grad is not None], max_norm)
         optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    # Read only now: the GPU computes the norm while the host queues the update.
-    return float(norm)
+    return norm
 
 
 def clip_grad_norm(params: list, max_norm: float | None):

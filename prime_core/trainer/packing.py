@@ -29,6 +29,9 @@ class Packing:
     """``[L]`` int64: each token's index in the full row."""
     length: int
     """Tokens in the full row."""
+    starts: tuple[int, ...] | None = None
+    """Where each sample of the full row starts, when the host knows it (``sample_starts`` of a
+    row built from host arrays); ``None``: ``segments`` reads it from ``segment_ids``."""
     cache: dict = field(default_factory=dict, repr=False, compare=False)
     """What kernels derive once per packing (sample boundaries, ...), keyed by the kernel. A
     field, not an attribute: FSDP rebuilds dataclass inputs field by field before every
@@ -42,7 +45,7 @@ class Packing:
 
     @classmethod
     def from_position_ids(cls, position_ids) -> Packing:
-        """The packing of a whole row (``position_ids`` ``[L]`` or ``[1, L]``)."""
+        """The packing of a whole row (``position_ids`` ``[L]`` or ``[1, L]``, on the device)."""
         import torch
 
         positions = position_ids.reshape(-1)
@@ -51,22 +54,36 @@ class Packing:
 
     def select(self, local):
         """The packing of the tokens at ``local`` (indices into this packing's tokens)."""
-        return Packing(segment_ids=self.segment_ids[local], index=self.index[local], length=self.length)
+        return Packing(segment_ids=self.segment_ids[local], index=self.index[local], length=self.length,
+                       starts=self.starts)
 
     def segments(self) -> list[tuple[int, int]]:
-        """``(start, end)`` of every sample in a contiguous packing."""
+        """``(start, end)`` of every sample in a contiguous packing. Without ``starts`` they are
+        read from the device once (a host sync) and kept in ``cache``: every layer of a forward
+        pass sees the same packing."""
         assert self.contiguous, "segments() needs the whole row"
-        starts = [0] + (self.segment_ids[1:] != self.segment_ids[:-1]).nonzero().flatten().add(1).tolist()
-        return list(zip(starts, starts[1:] + [self.length], strict=True))
+        starts = self.starts or self.cache.get("starts")
+        if starts is None:
+            ids = self.segment_ids
+            starts = self.cache["starts"] = (0, *(ids[1:] != ids[:-1]).nonzero().flatten().add(1).tolist())
+        return list(zip(starts, [*starts[1:], self.length], strict=True))
 
 
 def segment_ids(positions):
-    """``[L]`` sample number of every token: a new sample starts where the position is 0."""
-    import torch
+    """``[L]`` sample number of every token (a tensor, or a numpy array on the host): a new
+    sample starts where the position is 0."""
+    starts = positions == 0
+    if len(starts):
+        starts[0] = True
+    return starts.cumsum(0) - 1
 
-    starts = (positions == 0).long()
-    starts[0] = 1
-    return torch.cumsum(starts, dim=0) - 1
+
+def sample_starts(positions) -> tuple[int, ...]:
+    """Where each sample of a row starts, from its position ids on the host (``segment_ids``'s
+    boundaries)."""
+    import numpy as np
+
+    return (0, *(np.flatnonzero(np.asarray(positions)[1:] == 0) + 1).tolist())
 
 
 def allowed(q_index, q_segment, k_index, k_segment):

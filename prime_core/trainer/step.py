@@ -42,28 +42,26 @@ def loss_tokens(row: dict) -> int:
     return int(np.sum(row["loss_mask"], dtype=np.int64))
 
 
-def row_tensors(row: dict, device) -> dict[str, Any]:
-    """The row's fields on ``device``: token ids and positions as int64, the rest float32. The
-    fields of one dtype go over in one copy from one host buffer, on a GPU from pinned memory
-    and asynchronously: a copy from pageable memory waits until the GPU has finished everything
-    queued before it, so the next micro-batch's would leave the GPU idle while the host works."""
+def host_tensors(arrays: dict, device) -> dict[str, Any]:
+    """numpy ``arrays`` on ``device`` as tensors of their dtypes. The arrays of one dtype go over
+    in one copy from one host buffer, on a GPU from pinned memory and asynchronously: a copy
+    from pageable memory waits until the GPU has finished everything queued before it, so the
+    next micro-batch's would leave the GPU idle while the host works."""
     import numpy as np
     import torch
 
     groups: dict = {}
-    for key in _KEYS:
-        if row.get(key) is not None:
-            dtype = torch.long if key in ("input_ids", "position_ids") else torch.float32
-            groups.setdefault(dtype, []).append(key)
+    for key, array in arrays.items():
+        groups.setdefault(array.dtype, []).append(key)
     device = torch.device(device)
     pinned = device.type == "cuda"
     out = {}
     for dtype, keys in groups.items():
-        arrays = [np.asarray(row[key], dtype=np.int64 if dtype == torch.long else np.float32) for key in keys]
-        host = torch.empty(sum(a.size for a in arrays), dtype=dtype, pin_memory=pinned)
-        np.concatenate([a.reshape(-1) for a in arrays], out=host.numpy())
+        sizes = [arrays[key].size for key in keys]
+        host = torch.empty(sum(sizes), dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=pinned)
+        np.concatenate([arrays[key].reshape(-1) for key in keys], out=host.numpy())
         moved = host.to(device, non_blocking=True) if pinned else host
-        out.update(zip(keys, moved.split([a.size for a in arrays]), strict=True))
+        out.update(zip(keys, moved.split(sizes), strict=True))
     return out
 
 
@@ -98,7 +96,8 @@ def train_step(training, rows: list[dict], *, max_norm: float | None, loss_fn=No
         hook(training.policy.model)
     grad_norm = clip_and_step(training.policy.model, training.optimizer, training.scheduler, max_norm,
                               update=training.policy.update)
-    sums = read_sums(*queued)
+    sums = read_sums(*queued, grad_norm=grad_norm)
+    grad_norm = sums.pop("grad_norm")
     keys = sorted(sums)
     sums = dict(zip(keys, distributed.all_reduce([sums[k] for k in keys], world), strict=True))
     return {**sums, "grad_norm": grad_norm, "loss_tokens": total, "rows": mine}
@@ -187,30 +186,37 @@ def prediction_tensors(row: dict, device, cp_rank: int = 0, cp: int = 1):
     target is token j + 1, and the loss mask, advantage and inference log-probability are
     that target's. With context parallelism the row is padded to a multiple of ``2 * cp``
     (padding is its own sample, with a zero loss mask) and this CP rank keeps its tokens
-    (``packing.cp_indices``). Returns ``(tensors, packing)``; ``packing`` is ``None`` for a
-    whole row."""
+    (``packing.cp_indices``). Returns ``(tensors, packing)``: token ids and positions int64,
+    the rest float32, and the row's ``Packing`` (this rank's part of it under CP).
+
+    Everything is derived on the host, from the row's arrays, and goes to the device in one
+    copy per dtype: the sample boundaries the attention kernels need are then known without
+    reading the device (``Packing.starts``), and no small kernels run ahead of the model."""
+    import numpy as np
     import torch
 
     from prime_core.trainer import packing as packing_
 
-    t = row_tensors(row, device)
-    ids = t.pop("input_ids")
-    positions = t.pop("position_ids")
-    out = {"targets": torch.roll(ids, -1)}
-    for key, value in t.items():  # per-target values move to the position that predicts them
-        out[key] = torch.cat([value[1:], value.new_zeros(1)])
-    if cp == 1:
-        return {"input_ids": ids, "position_ids": positions, **out}, None
-    length = packing_.pad_to(len(ids), 2 * cp)
-    pad = length - len(ids)
+    ids = np.asarray(row["input_ids"], dtype=np.int64)
+    positions = np.asarray(row["position_ids"], dtype=np.int64)
+    host = {"input_ids": ids, "position_ids": positions, "targets": np.roll(ids, -1)}
+    for key in _KEYS[2:]:  # per-target values move to the position that predicts them
+        if row.get(key) is not None:
+            value = np.asarray(row[key], dtype=np.float32)
+            host[key] = np.concatenate([value[1:], np.zeros(1, np.float32)])
+    pad = packing_.pad_to(len(ids), 2 * cp) - len(ids) if cp > 1 else 0
     if pad:
-        ids = torch.cat([ids, ids.new_zeros(pad)])
-        positions = torch.cat([positions, torch.arange(pad, device=device)])
-        out = {key: torch.cat([value, value.new_zeros(pad)]) for key, value in out.items()}
-    whole = packing_.Packing.from_position_ids(positions)
-    local = packing_.cp_indices(length, cp_rank, cp, device=device)
-    tensors = {"input_ids": ids[local], "position_ids": positions[local], **{k: v[local] for k, v in out.items()}}
-    return tensors, whole.select(local)
+        host = {key: np.concatenate([value, np.arange(pad, dtype=np.int64) if key == "position_ids"
+                                     else np.zeros(pad, value.dtype)]) for key, value in host.items()}
+    host["segment_ids"] = packing_.segment_ids(host["position_ids"])
+    t = host_tensors(host, device)
+    length = len(host["input_ids"])
+    whole = packing_.Packing(segment_ids=t.pop("segment_ids"), index=torch.arange(length, device=t["input_ids"].device),
+                             length=length, starts=packing_.sample_starts(host["position_ids"]))
+    if cp == 1:
+        return t, whole
+    local = packing_.cp_indices(length, cp_rank, cp, device=t["input_ids"].device)
+    return {key: value[local] for key, value in t.items()}, whole.select(local)
 
 
 def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, loss_fn=None,
@@ -271,15 +277,24 @@ def queue_forward_backward(model, rows: list[dict], *, total_loss_tokens: int, w
     return device_sums, tokens
 
 
-def read_sums(device_sums: dict, tokens: float) -> dict:
-    """The sums of ``queue_forward_backward``, read from the device in one transfer."""
+def read_sums(device_sums: dict, tokens: float, grad_norm=None) -> dict:
+    """The sums of ``queue_forward_backward`` (and the step's ``grad_norm``, when given), read
+    from the device in one transfer: the host waits once, at the end of the step."""
     import torch
 
     # Every rank reports the same keys (they are all-reduced together), whatever its rows held.
     sums = {"loss": 0.0, "entropy": 0.0, "mismatch_kl": 0.0, "is_masked": 0.0, "teacher_kl": 0.0}
-    if device_sums:
-        keys = list(device_sums)
-        sums.update(zip(keys, torch.stack([device_sums[k] for k in keys]).tolist(), strict=True))
+    held = dict(device_sums)
+    if grad_norm is not None:
+        if torch.is_tensor(grad_norm):
+            held["grad_norm"] = grad_norm
+        else:
+            sums["grad_norm"] = float(grad_norm)
+    if held:
+        keys = list(held)
+        device = held[keys[0]].device  # the norm of CPU-offloaded gradients is on the host
+        values = torch.stack([held[k].float().to(device) for k in keys]).tolist()
+        sums.update(zip(keys, values, strict=True))
     sums["tokens"] = tokens
     return sums
 

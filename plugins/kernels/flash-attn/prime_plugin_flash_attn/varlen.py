@@ -19,23 +19,23 @@ def cu_seqlens(packing) -> tuple[torch.Tensor, int]:
     sample ``i`` starts, ``cu[S]`` the row length, ``max_len`` the longest sample (0 for an
     empty row, whose ``cu`` is ``[0]``).
 
-    Kept on the packing: every layer of a forward pass sees the same packing object, and the
-    boundaries cost one device-to-host copy (flash-attention needs ``max_len`` as a Python int)."""
+    From ``packing.segments()`` (the host's sample starts, or one read from the device), kept on
+    the packing: every layer of a forward pass sees the same packing object."""
     cached = packing.cache.get(_CACHE)
     if cached is not None:
         return cached
     if not packing.contiguous:
         raise ValueError(f"cu_seqlens needs the whole row; this packing holds {packing.index.numel()} of its "
                          f"{packing.length} tokens (a context-parallel subset)")
-    segments = packing.segment_ids.reshape(-1)
-    length = segments.numel()
-    if length == 0:
-        bounds = torch.zeros(1, dtype=torch.int32)
+    device = packing.segment_ids.device
+    if packing.length == 0:
+        result = (torch.zeros(1, dtype=torch.int32, device=device), 0)
     else:
-        starts = (segments[1:] != segments[:-1]).nonzero().flatten().add(1).cpu()
-        bounds = torch.cat([starts.new_zeros(1), starts, starts.new_full((1,), length)]).to(torch.int32)
-    max_len = int((bounds[1:] - bounds[:-1]).max()) if length else 0
-    result = (bounds.to(segments.device), max_len)
+        segments = packing.segments()
+        bounds = torch.tensor([start for start, _ in segments] + [packing.length], dtype=torch.int32)
+        if device.type == "cuda":  # pinned and asynchronous: a pageable copy waits for the queued kernels
+            bounds = bounds.pin_memory().to(device, non_blocking=True)
+        result = (bounds.to(device), max(end - start for start, end in segments))
     packing.cache[_CACHE] = result
     return result
 

@@ -106,6 +106,14 @@ def test_cu_seqlens_reads_any_non_decreasing_segment_ids():
     assert (cu.tolist(), max_len) == ([0, 2, 5, 6], 3)
 
 
+def test_cu_seqlens_takes_the_sample_starts_the_host_knows():
+    """A row built on the host carries its sample starts: the device's segment ids (here
+    saying one sample) are not read."""
+    packing = Packing(segment_ids=torch.zeros(5, dtype=torch.long), index=torch.arange(5), length=5, starts=(0, 2))
+    cu, max_len = cu_seqlens(packing)
+    assert (cu.tolist(), max_len) == ([0, 2, 5], 3)
+
+
 def _empty_packing():
     empty = torch.zeros(0, dtype=torch.long)
     return Packing(segment_ids=empty, index=empty, length=0)

@@ -71,8 +71,9 @@ def _softmax_dtype(dtype):
 def _temperature(temperature, n, hidden, blocks):
     if isinstance(temperature, torch.Tensor) or blocks.tensor_temperature:
         if not isinstance(temperature, torch.Tensor):
-            _check_positive(float(temperature))
-            temperature = torch.tensor(float(temperature))
+            # Made on the device: a host tensor's copy would wait for the forward queued before it.
+            return hidden.new_full((1,), _check_positive(float(temperature)),
+                                   dtype=_softmax_dtype(hidden.dtype)).expand(n)
         values = temperature.detach().to(device=hidden.device, dtype=_softmax_dtype(hidden.dtype)).reshape(-1)
         if values.numel() == 1:
             return values.expand(n)

@@ -88,16 +88,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-def sample_bounds(packing) -> list[tuple[int, int]]:
-    """``packing.segments()``, read once per packing: it copies the boundaries to the host
-    (a device sync), and every layer sees the same packing object."""
-    cached = packing.cache.get("custom_segments")
-    if cached is None:
-        cached = packing.segments()
-        packing.cache["custom_segments"] = cached
-    return cached
-
-
 def _sdpa(q, k, v, scale, *, mask=None, causal=False):
     # [L, H, D] -> [1, H, L, D]. The flash kernel takes grouped kv heads as they are; the
     # others would fall back to the math kernel with enable_gqa, so kv is repeated for them.
@@ -118,7 +108,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing, s
     A whole row runs one causal ``scaled_dot_product_attention`` per sample (the fast kernels,
     no ``L x L`` mask); a context-parallel subset of a row gets the mask from ``allowed``."""
     if packing.contiguous:
-        bounds = sample_bounds(packing)
+        bounds = packing.segments()
         if len(bounds) == 1:
             return _sdpa(q, k, v, scale, causal=True)
         return torch.cat([_sdpa(q[s:e], k[s:e], v[s:e], scale, causal=True) for s, e in bounds])

@@ -13,7 +13,7 @@ from torch import nn
 
 from prime_core.trainer.packing import Packing
 from prime_plugin_custom import families
-from prime_plugin_custom.layers import MLP, Attention, RMSNorm, RotaryEmbedding, sample_bounds, sdpa_attention
+from prime_plugin_custom.layers import MLP, Attention, RMSNorm, RotaryEmbedding, sdpa_attention
 from prime_plugin_custom.moe import SparseMoE
 
 
@@ -84,8 +84,8 @@ class Decoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, packing: Packing) -> torch.Tensor:
         """``[L]`` token ids and positions -> ``[L, H]`` final hidden states."""
-        if packing.contiguous:  # the one host sync, here rather than inside a compiled block
-            sample_bounds(packing)
+        if packing.contiguous:  # a host sync unless the host knew the starts: here, not inside a compiled block
+            packing.segments()
             prepare = getattr(self.layers[0].self_attn.attention_fn, "prepare", None) if len(self.layers) else None
             if prepare is not None:
                 prepare(packing)

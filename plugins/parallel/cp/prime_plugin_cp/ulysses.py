@@ -73,6 +73,6 @@ def whole_row(packing, group):
         order = torch.argsort(meta[:, 0].reshape(-1), stable=True)
         total = order.numel()
         whole = Packing(segment_ids=meta[:, 1].reshape(-1).index_select(0, order),
-                        index=torch.arange(total, device=order.device), length=total)
+                        index=torch.arange(total, device=order.device), length=total, starts=packing.starts)
         packing.cache[key] = (order, torch.argsort(order), whole)
     return packing.cache[key]
