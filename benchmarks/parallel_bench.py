@@ -86,14 +86,16 @@ def make_model(folder: Path, kind: str, shape: dict, world) -> Path:
     return folder
 
 
-def profiled_step(training, batch, loss_fn):
-    """One step under the profiler (CPU operators with their shapes, GPU kernels)."""
+def profiled_step(training, batch, loss_fn, stacks: bool = False):
+    """One step under the profiler (CPU operators with their shapes, GPU kernels; with
+    ``stacks``, the Python calls too)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from prime_core.trainer.step import train_step
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True,
+                 with_stack=stacks) as prof:
         train_step(training, batch["micro_batches"], max_norm=1.0, loss_fn=loss_fn)
         torch.cuda.synchronize()
     return prof
@@ -245,13 +247,21 @@ def worker(args) -> int:
             batch = meter.run_fake_steps(training, fake, seq_len, rng, loss_fn=loss_fn, max_norm=1.0)
             record.update(meter.result())
             if torch.cuda.is_available() and (args.profile or (kind == "moe" and args.ep > 1)):
-                prof = profiled_step(training, batch, loss_fn)
+                prof = profiled_step(training, batch, loss_fn, stacks=args.trace)
                 if kind == "moe" and args.ep > 1:
                     record["all_to_all_share"] = all_to_all_share(prof)
                 if args.profile and world.main:
                     text = kernel_table(prof)
                     (args.out / f"profile-{label['config']}-{seq_len}.txt").write_text(text + "\n")
                     print(text, flush=True)
+                    if args.trace:  # for chrome://tracing or Perfetto
+                        import gzip
+
+                        trace = args.out / f"trace-{label['config']}-{seq_len}.json"
+                        prof.export_chrome_trace(str(trace))
+                        with open(trace, "rb") as f, gzip.open(f"{trace}.gz", "wb") as z:
+                            z.write(f.read())
+                        trace.unlink()
         except torch.OutOfMemoryError:
             record.update({"oom": True})
             training.optimizer.zero_grad(set_to_none=True)
@@ -317,6 +327,9 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--tiny", action="store_true", help="a small model: smoke test on a CPU")
+    parser.add_argument("--trace", action="store_true",
+                        help="with --profile: record the Python calls too, and write the profiled step's "
+                             "trace (trace-<config>-<seq>.json.gz)")
     parser.add_argument("--profile", action="store_true",
                         help="after the measured steps, profile one more and print its GPU kernels by time, "
                              "then the GPU's idle time by what the host was doing (also written to "

@@ -11,6 +11,7 @@
 #                                           # (RECIPES; HF=1: the plain HF MoE step first; BASELINE=DIR as for master)
 #   bash benchmarks/scale_gpu.sh adamw      # 1 GPU: the fused master-weight update's tests, and its time vs unfused
 #   bash benchmarks/scale_gpu.sh moeprof    # 1 GPU: the MoE shape with the defaults, one step's GPU kernels by time
+#                                           # (TRACE=1: with the Python calls, and the step's Chrome trace)
 #   bash benchmarks/scale_gpu.sh head       # 1 GPU: the LM head's GPU tests, then its time and memory (kernels_bench)
 # Results under $OUT (ring_block.jsonl, results.jsonl + hf.json, parallel.jsonl), logs beside them. Every
 # trainer run records prime plan's prediction (predicted_peak_gib) beside its measured peak.
@@ -90,7 +91,7 @@ for phase in "$@"; do
     moeprof)  # RECIPES: parallel_bench.py's --recipe values, one run each
       for recipe in ${RECIPES:-fast-defaults fast-bf16}; do
         timeout 250 python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/parallel_bench.py \
-          moe --ep 1 --recipe $recipe --seq-lens 8192 --samples-per-group 1 --warmup 1 --steps 3 --profile \
+          moe --ep 1 --recipe $recipe --seq-lens 8192 --samples-per-group 1 --warmup 1 --steps 3 --profile ${TRACE:+--trace} \
           --out "$OUT" >> "$OUT/moeprof.log" 2>&1 || echo "moe profile $recipe exited $?"
       done
       grep -E "^moe " "$OUT/moeprof.log"; head -${PROFILE_LINES:-32} "$OUT"/profile-*.txt ;;
