@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-_KEYS = ("input_ids", "position_ids", "loss_mask", "advantages", "inference_logprobs", "teacher_logprobs")
+_VALUE_KEYS = ("loss_mask", "advantages", "inference_logprobs", "teacher_logprobs")
+"""A row's per-token values (float32 on the device); its other fields are the token ids and positions."""
+_KEYS = ("input_ids", "position_ids", *_VALUE_KEYS)
 
 
 def share(rows: list[dict], rank: int, size: int) -> list[dict]:
@@ -200,7 +202,7 @@ def prediction_tensors(row: dict, device, cp_rank: int = 0, cp: int = 1):
     ids = np.asarray(row["input_ids"], dtype=np.int64)
     positions = np.asarray(row["position_ids"], dtype=np.int64)
     host = {"input_ids": ids, "position_ids": positions, "targets": np.roll(ids, -1)}
-    for key in _KEYS[2:]:  # per-target values move to the position that predicts them
+    for key in _VALUE_KEYS:  # per-target values move to the position that predicts them
         if row.get(key) is not None:
             value = np.asarray(row[key], dtype=np.float32)
             host[key] = np.concatenate([value[1:], np.zeros(1, np.float32)])
