@@ -61,6 +61,18 @@ def _update(row, offs, inside, clip, lr_decay, one_minus_beta1, beta2, one_minus
 
 
 @triton.jit
+def _block(table, items, first, BLOCK: tl.constexpr):
+    """This program's tensor (its ``table`` row), where its ``BLOCK`` starts, the block's offsets,
+    and the tensor's size (0 where the row has no gradient address)."""
+    i = tl.program_id(0)
+    t = tl.load(items + i)
+    row = table + t * 6
+    n = tl.where(tl.load(row + G) != 0, tl.load(row + N), 0)
+    start = (i - tl.load(first + t)).to(tl.int64) * BLOCK
+    return row, start, start + tl.arange(0, BLOCK), n
+
+
+@triton.jit
 def adamw(table, items, first, clip, lr_decay, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps,
           GRAD: tl.constexpr, BLOCK: tl.constexpr):
     """One AdamW step over one ``BLOCK`` of one tensor. ``items[i]`` is the tensor of program
@@ -68,12 +80,7 @@ def adamw(table, items, first, clip, lr_decay, one_minus_beta1, beta2, one_minus
     and its size (a zero gradient address: not stepped in this launch). Whole blocks are read
     without a mask: a mask against a size the compiler cannot see into splits every access
     into single elements."""
-    i = tl.program_id(0)
-    t = tl.load(items + i)
-    row = table + t * 6
-    n = tl.where(tl.load(row + G) != 0, tl.load(row + N), 0)
-    start = (i - tl.load(first + t)).to(tl.int64) * BLOCK
-    offs = start + tl.arange(0, BLOCK)
+    row, start, offs, n = _block(table, items, first, BLOCK)
     inside = offs < n
     if start + BLOCK <= n:
         _update(row, offs, inside, clip, lr_decay, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps,
@@ -87,17 +94,11 @@ def adamw(table, items, first, clip, lr_decay, one_minus_beta1, beta2, one_minus
 def squares(table, items, first, out, GRAD: tl.constexpr, BLOCK: tl.constexpr):
     """``out[i]``: the sum of the squares, in float32, of program ``i``'s ``BLOCK`` of its tensor's
     gradient (``table``, ``items`` and ``first`` as for ``adamw``; a zero gradient address: 0)."""
-    i = tl.program_id(0)
-    t = tl.load(items + i)
-    row = table + t * 6
-    n = tl.where(tl.load(row + G) != 0, tl.load(row + N), 0)
-    start = (i - tl.load(first + t)).to(tl.int64) * BLOCK
-    offs = start + tl.arange(0, BLOCK)
+    row, start, offs, n = _block(table, items, first, BLOCK)
     inside = offs < n
     pointer = _aligned(tl.load(row + G), GRAD)
     if start + BLOCK <= n:
         g = _load(pointer, offs, inside, False)
-        tl.store(out + i, tl.sum(g * g, axis=0))
     else:
         g = _load(pointer, offs, inside, True)
-        tl.store(out + i, tl.sum(g * g, axis=0))
+    tl.store(out + tl.program_id(0), tl.sum(g * g, axis=0))
