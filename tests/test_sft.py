@@ -96,6 +96,68 @@ def test_bad_data_names_the_line(tiny, tmp_path):
     assert missing.returncode == 2 and "data.path" in missing.stderr and "file not found" in missing.stderr
 
 
+def _merging_tokenizer(chats: list[list[dict]]):
+    """A byte-level BPE trained on ``chats`` (merges within words, across digits and markup),
+    with the tiny model's ChatML template: unlike one token per byte, a text's ids depend on
+    where it is cut."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from prime_core.testing.chat import CHATML
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=special,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    core.train_from_iterator([m["content"] for chat in chats for m in chat], trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", unk_token=None,
+                                   chat_template=CHATML)
+
+
+def test_a_dataset_is_read_in_batches_token_for_token_as_chat_by_chat(tiny, tmp_path, monkeypatch, register_plugin,
+                                                                      prime_cli):
+    """load_dataset tokenises CHUNK chats per call (7 here: many chunks, a partial last one) and
+    each distinct line once: its samples are chat_sample's, id for id, on the tool example's
+    data (examples/tools/run.sh: calculator chats, 30% calling the tool) and the CPU example's
+    (sums of one digit, which repeat), under the tiny model's tokenizer and a BPE one; a bad
+    line is named as chat by chat names it."""
+    from transformers import AutoTokenizer
+
+    import prime_plugin_tasks.plugin as tasks
+    from prime_core.errors import ConfigError
+    from prime_core.sft import role
+
+    register_plugin(tasks, name="tasks")
+    files = {"tools": ("calculator", "--n", "300", "--demos", "0.3", "--args", '{"digits": 3}'),
+             "cpu": ("arithmetic", "--n", "300", "--args", '{"digits": 1}')}
+    chats = {}
+    for name, args in files.items():
+        result = prime_cli("envs", "sft-data", args[0], str(tmp_path / f"{name}.jsonl"), *args[1:])
+        assert result.exit_code == 0, result.output
+        chats[name] = [json.loads(line)["messages"] for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+    assert any(m["role"] == "tool" for chat in chats["tools"] for m in chat)
+    assert len({json.dumps(chat) for chat in chats["cpu"]}) < len(chats["cpu"]), "repeated lines, read once"
+    monkeypatch.setattr(role, "CHUNK", 7)
+    for tokenizer in (AutoTokenizer.from_pretrained(tiny), _merging_tokenizer([*chats["tools"], *chats["cpu"]])):
+        for name in files:
+            batched = role.load_dataset(tmp_path / f"{name}.jsonl", tokenizer)
+            one_by_one = [role.chat_sample(tokenizer, messages) for messages in chats[name]]
+            assert batched == one_by_one, name
+
+        # An assistant turn alone (no prompt to render), a last turn that is not the
+        # assistant's, and a line that is not JSON after them: the first bad line is named.
+        for bad in ([{"role": "assistant", "content": "4"}], chats["tools"][0][:-1]):
+            lines = [json.dumps({"messages": m}) for m in [*chats["cpu"][:9], bad, *chats["cpu"][9:20]]] + ["{"]
+            (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
+            with pytest.raises(ValueError) as alone:
+                role.chat_sample(tokenizer, bad)
+            with pytest.raises(ConfigError) as read:
+                role.load_dataset(tmp_path / "bad.jsonl", tokenizer)
+            assert read.value.problems == [f"data.path: {tmp_path / 'bad.jsonl'}, line 10: {alone.value}"]
+
+
 def test_a_chat_is_trained_on_its_assistant_turns(tiny):
     """prime-rl's SFT data: every assistant turn (content through end of turn) is trained, the
     other roles' turns and the assistant headers are not; prompt + completion is the same chat."""

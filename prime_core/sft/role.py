@@ -31,8 +31,33 @@ def chat_sample(tokenizer, messages: list[dict]) -> TrainingSample:
     if not messages or messages[-1].get("role") != "assistant":
         raise ValueError("the last message must be the assistant's")
     prompt = prompt_token_ids(tokenizer, messages[:-1])
-    full = tokenizer.apply_chat_template(messages, tokenize=True)
-    full = list(full if isinstance(full, list) else full["input_ids"])
+    return _split(tokenizer, prompt, _input_ids(tokenizer.apply_chat_template(messages, tokenize=True)))
+
+
+CHUNK = 1024
+"""Chats per batched ``apply_chat_template`` call in ``load_dataset`` (memory stays bounded)."""
+
+
+def _batched_samples(tokenizer, chats: list[list[dict]]) -> list[TrainingSample]:
+    """``chat_sample`` of each chat, the same token ids: the prompts, then the whole chats, go
+    through ``apply_chat_template`` as one batch each, so transformers' per-call work is paid once
+    and the tokenizer's Rust encoder spreads the batch over the cores (16,000 tool-example chats:
+    5.3-5.9 s chat by chat, 3.2-3.9 s here). Raises on any chat that ``chat_sample`` might refuse."""
+    # A batch would render the empty prompt of a lone assistant turn that chat_sample refuses.
+    if not all(isinstance(m, list) and len(m) >= 2 and all(isinstance(message, dict) for message in m)
+               and m[-1].get("role") == "assistant" for m in chats):
+        raise ValueError("a chat for chat_sample alone")
+    prompts = tokenizer.apply_chat_template([m[:-1] for m in chats], add_generation_prompt=True, tokenize=True)
+    fulls = tokenizer.apply_chat_template(chats, tokenize=True)
+    return [_split(tokenizer, list(prompt), list(full))
+            for prompt, full in zip(_input_ids(prompts), _input_ids(fulls), strict=True)]
+
+
+def _input_ids(out) -> list:
+    return list(out if isinstance(out, list) else out["input_ids"])  # transformers 5 returns a BatchEncoding
+
+
+def _split(tokenizer, prompt: list[int], full: list[int]) -> TrainingSample:
     if full[: len(prompt)] != prompt:
         raise ValueError("the chat template does not extend the prompt with the assistant turn")
     completion = full[len(prompt):]
@@ -43,17 +68,43 @@ def chat_sample(tokenizer, messages: list[dict]) -> TrainingSample:
 
 
 def load_dataset(path: Path, tokenizer) -> list[TrainingSample]:
-    samples = []
+    """One sample per non-blank line, in order. A line seen before is the same sample again, not
+    tokenised twice: data of small tasks repeats (8,000 sums of one digit are 100 chats)."""
+    order: list[str] = []
+    chats: dict[str, tuple[int, list]] = {}  # each distinct line: its first number, its messages
     with Path(path).open(encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
+            if line not in chats:
+                try:
+                    chats[line] = (number, json.loads(line)["messages"])
+                except (ValueError, KeyError, TypeError) as exc:
+                    _line_samples(tokenizer, list(chats.values()), path)  # an earlier bad line is named first
+                    raise ConfigError([f"data.path: {path}, line {number}: {exc}"]) from None
+            order.append(line)
+    if not order:
+        raise ConfigError([f"data.path: {path} has no samples"])
+    made = dict(zip(chats, _line_samples(tokenizer, list(chats.values()), path), strict=True))
+    return [made[line] for line in order]
+
+
+def _line_samples(tokenizer, lines: list[tuple[int, list]], path) -> list[TrainingSample]:
+    """The samples of numbered chats, ``CHUNK`` at a time in one batch each; a chunk that fails
+    goes chat by chat, so that the error names its line as ``chat_sample`` words it."""
+    samples = []
+    for start in range(0, len(lines), CHUNK):
+        chunk = lines[start:start + CHUNK]
+        try:
+            samples += _batched_samples(tokenizer, [messages for _, messages in chunk])
+            continue
+        except Exception:  # noqa: BLE001 - found again below, chat by chat
+            pass
+        for number, messages in chunk:
             try:
-                samples.append(chat_sample(tokenizer, json.loads(line)["messages"]))
+                samples.append(chat_sample(tokenizer, messages))
             except (ValueError, KeyError, TypeError) as exc:
                 raise ConfigError([f"data.path: {path}, line {number}: {exc}"]) from None
-    if not samples:
-        raise ConfigError([f"data.path: {path} has no samples"])
     return samples
 
 
