@@ -56,9 +56,12 @@ def records(out: Path, role: str) -> list[dict]:
 def tool_model(tmp_path_factory) -> Path:
     """The tool example's model: tiny, warmed up on calculator conversations (30% with the
     tool) for the example's 500 steps, which it needs to copy the tool's result reliably (300
-    steps: 28%), in rows of 256 tokens as the example packs them (its samples are at most 194)."""
+    steps: 28%), in rows of 256 tokens as the example packs them (its samples are at most 194).
+    The base is `prime model tiny`'s, built in this process (a `prime` process takes ~5 s to start)."""
+    from prime_plugin_hf.tiny import build_tiny
+
     root = tmp_path_factory.mktemp("tool-model")
-    prime("model", "tiny", str(root / "base"), "--hidden-size", "128", "--num-layers", "2")
+    build_tiny(root / "base", hidden_size=128, num_layers=2)
     prime("envs", "sft-data", "calculator", str(root / "sft.jsonl"), "--n", "8000", "--demos", "0.3")
     prime("sft", str(ROOT / "examples" / "cpu" / "sft.toml"), "--output-dir", str(root / "sft"), "--model.name",
           str(root / "base"), "--data.path", str(root / "sft.jsonl"), "--seq-len", "256", "--max-steps",

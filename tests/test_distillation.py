@@ -172,13 +172,9 @@ def test_trainer_reports_the_teacher_kl_of_the_trained_tokens():
 
 @pytest.fixture(scope="module")
 def tiny_student(tmp_path_factory):
-    import subprocess
-    import sys
+    from prime_plugin_hf.tiny import build_tiny
 
-    folder = tmp_path_factory.mktemp("student") / "model"
-    subprocess.run([sys.executable, "-m", "prime_core", "model", "tiny", str(folder), "--hidden-size", "32",
-                    "--num-layers", "1"], check=True, capture_output=True)
-    return folder
+    return build_tiny(tmp_path_factory.mktemp("student") / "model", hidden_size=32, num_layers=1)
 
 
 def orchestrator_config(model, *extra: str):

@@ -95,9 +95,10 @@ def test_on_policy_distillation_with_a_vllm_teacher(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    student, teacher = tmp_path / "student", tmp_path / "teacher"
-    prime("model", "tiny", str(student), "--seed", "0")
-    prime("model", "tiny", str(teacher), "--seed", "1")
+    from prime_plugin_hf.tiny import build_tiny
+
+    # `prime model tiny --seed 0` and `--seed 1`, built here (a `prime` process takes ~5 s to start)
+    student, teacher = build_tiny(tmp_path / "student", seed=0), build_tiny(tmp_path / "teacher", seed=1)
     steps, out = 6, tmp_path / "run"
     config = tmp_path / "opd.toml"
     config.write_text(CONFIG.format(steps=steps, student=student, teacher=teacher, port=free_ports(2)))

@@ -46,10 +46,11 @@ def records(out: Path, role: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    """The example's tiny model, untrained (LEARNABLE is a task it learns within a few steps)."""
-    model = tmp_path_factory.mktemp("model") / "tiny"
-    prime("model", "tiny", str(model), "--hidden-size", "128", "--num-layers", "2")
-    return model
+    """The example's tiny model, untrained (LEARNABLE is a task it learns within a few steps):
+    `prime model tiny`'s folder, built in this process (a `prime` process takes ~5 s to start)."""
+    from prime_plugin_hf.tiny import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("model") / "tiny", hidden_size=128, num_layers=2)
 
 
 @pytest.fixture
@@ -102,8 +103,10 @@ def test_moe_rl_with_expert_parallel_native_model(tmp_path):
     tensor each), and vLLM's first samples score the same under the trainer."""
     from safetensors.torch import load_file
 
+    from prime_plugin_hf.tiny import build_tiny
+
     model, out, steps = tmp_path / "moe", tmp_path / "rl", 4
-    prime("model", "tiny", str(model), "--hidden-size", "128", "--num-layers", "2", "--num-experts", "4")
+    build_tiny(model, hidden_size=128, num_layers=2, num_experts=4)
     prime(*rl_args(model, out, "--max-steps", str(steps), "--deployment.num-train-gpus", "2",
                    "--trainer.model.impl", "custom", "--trainer.model.ep", "2", "--orchestrator.batch-size", "64"))
     log = (out / "logs" / "trainer.log").read_text()

@@ -57,13 +57,21 @@ def prime(*args: str, hide_vllm: bool = True) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """`prime model tiny --hidden-size 128 --num-layers 2`'s folder, built once in this process
+    (a `prime` process takes ~5 s to start); the runs only read it."""
+    from prime_plugin_hf.tiny import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "model", hidden_size=128, num_layers=2)
+
+
 @pytest.mark.parametrize("transport", ["filesystem", "ipc", "nccl"])
-def test_a_short_rl_run_samples_what_the_trainer_computes_and_updates_inference(tmp_path, transport):
+def test_a_short_rl_run_samples_what_the_trainer_computes_and_updates_inference(model, tmp_path, transport):
     """``nccl`` (gloo here) is prime-plugin-vllm's transport: that plugin stays, and the backend is named."""
     if transport == "nccl":
         pytest.importorskip("prime_plugin_vllm", reason="the nccl transport is prime-plugin-vllm's")
-    model, out, port = tmp_path / "model", tmp_path / "rl", free_ports(1)
-    assert prime("model", "tiny", str(model), "--hidden-size", "128", "--num-layers", "2").returncode == 0
+    out, port = tmp_path / "rl", free_ports(1)
     (tmp_path / "rl.toml").write_text(CONFIG)
     backend = ["--inference.backend", "transformers"] if transport == "nccl" else []
     run = prime("run", str(tmp_path / "rl.toml"), "--model.name", str(model), "--output-dir", str(out),
