@@ -349,3 +349,26 @@ def test_rows_per_pass_fills_pass_tokens_only_where_rows_can_be_stacked():
     assert rows_per_pass(plain, 256, 2048, 2) == 1  # context parallelism splits each row
     assert rows_per_pass(SimpleNamespace(accepts_packing=True), 256, 2048, 1) == 1  # one packed row, varlen
     assert rows_per_pass(SimpleNamespace(lm_head_fn=print), 256, 2048, 1) == 1  # the fused head takes one row
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_a_row_carries_its_sample_starts_from_the_host(cp):
+    """``prediction_tensors`` builds the row on the host: its packing's starts (read by attention
+    without a device sync) are the boundaries of its segment ids, the CP padding a sample of its
+    own, and the targets and values are shifted one position as before."""
+    from prime_core.trainer.packing import Packing
+    from prime_core.trainer.step import prediction_tensors
+
+    positions = [0, 1, 2, 0, 1, 0, 1, 2, 3]  # 9 tokens: cp 2 pads to 12
+    row = {"input_ids": list(range(10, 19)), "position_ids": positions, "loss_mask": [1.0] * 9,
+           "advantages": [0.5] * 9, "inference_logprobs": [float(-i) for i in range(9)]}
+    tensors, packing = prediction_tensors(row, "cpu", 0, cp)
+    full = positions + list(range(12 - 9)) if cp == 2 else positions
+    expected = Packing.from_position_ids(torch.tensor(full))
+    assert packing.starts == (0, 3, 5, 9)[: 4 if cp == 2 else 3]
+    assert packing.length == len(full)
+    assert list(packing.starts) == [start for start, _ in expected.segments()]
+    assert torch.equal(packing.segment_ids, expected.segment_ids[packing.index])
+    if cp == 1:
+        assert tensors["targets"].tolist() == list(range(11, 19)) + [10]
+        assert tensors["inference_logprobs"].tolist() == [float(-i) for i in range(1, 9)] + [0.0]
