@@ -88,7 +88,7 @@ def cleanup(pids: set[int]) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP], ids=["SIGKILL", "SIGHUP"])
 def test_prime_run_killed_leaves_no_role_and_no_port(model, tmp_path, sig):
-    """Inference (vLLM: its API server, engine and worker), the orchestrator and a trainer of two
+    """Inference (vLLM: its API server and engine core), the orchestrator and a trainer of two
     torchrun ranks, all started by `prime run`, end with it."""
     port, out = free_ports(1), tmp_path / "rl"
     run = start_run(model, out, port, "--deployment.num-train-gpus", "2")
@@ -97,7 +97,7 @@ def test_prime_run_killed_leaves_no_role_and_no_port(model, tmp_path, sig):
         wait_for("vLLM serving and both trainer ranks up", lambda: listening(port) and (
             out / "logs" / "trainer" / "rank_1.log").exists(), 600, run)
         roles = descendants(run.pid)
-        assert len(roles) >= 7, roles  # inference + vLLM's 3, orchestrator, torchrun + 2 ranks
+        assert len(roles) >= 7, roles  # inference + vLLM's API server and engine, orchestrator, torchrun + 2 ranks
         run.send_signal(sig)
         took = wait_for("every role process gone", lambda: not alive(roles), 30)
         wait_for("the port free", lambda: not listening(port), 5)

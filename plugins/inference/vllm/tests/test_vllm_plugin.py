@@ -172,6 +172,23 @@ def test_environment(tmp_path, monkeypatch):
     assert "TORCH_COMPILE_DISABLE" not in gpu and "HF_HUB_OFFLINE" not in gpu
 
 
+def test_one_cpu_worker_runs_in_the_engines_process_unless_bound_or_told(tmp_path, monkeypatch):
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+
+    def multiprocessing(on_cpu=True, **overrides):
+        return VLLMServer(make_config(tmp_path, **overrides), on_cpu=on_cpu).env().get("VLLM_ENABLE_V1_MULTIPROCESSING")
+
+    assert multiprocessing() == "0"
+    assert multiprocessing(env={"VLLM_CPU_OMP_THREADS_BIND": "nobind"}) == "0"
+    assert multiprocessing(env={"VLLM_CPU_OMP_THREADS_BIND": "0"}) is None, "a binding needs the worker's own process"
+    assert multiprocessing(env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}) == "1", "the user's choice"
+    assert multiprocessing(parallel={"tp": 2}, env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}) is None
+    assert multiprocessing(on_cpu=False) is None
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    assert multiprocessing() is None, "a binding exported in the shell counts too"
+
+
 def test_cpu_kv_cache_space_from_env_replaces_the_default(tmp_path):
     config = make_config(tmp_path, env={"VLLM_CPU_KVCACHE_SPACE": "2"})
     server = VLLMServer(config, on_cpu=True)

@@ -102,7 +102,9 @@ def test_rl_behind_vllm_router_learns_on_both_engines_and_goes_on_without_a_dead
     # Both engines served while both lived (each engine's own count), then the one left did.
     served = [(r["step"], r.get(f"replica_requests/127.0.0.1:{alive}"), r.get(f"replica_requests/127.0.0.1:{dead}"))
               for r in orchestrator]
-    before = [s for s in served if 3 <= s[0] and orchestrator[s[0] - 1]["time"] < killed - 5]
+    # Steps before the one whose policy was loaded when the engine died: sampled while both lived.
+    before = [s for s in served if 3 <= s[0] < kill_at]
+    assert all(orchestrator[step - 1]["time"] < killed for step, _, _ in before), (killed, orchestrator)
     # A group is one session, which the router keeps on one engine: a step's 8 groups can all go to
     # one (1 step in 128). And a step's count is what finished since the previous record: with
     # rollouts running ahead of the trainer, a step can find its batch already served (0, 0). So
