@@ -17,8 +17,14 @@ bfloat16 (nearest, ties to even), as the unfused refresh casts it. The optimizer
 AdamW's own (``step``, ``exp_avg``, ``exp_avg_sq``, created as AdamW creates them), so a
 checkpoint written by either path resumes in the other.
 
-Used by ``MasterWeights.update`` when ``why_not`` finds nothing against it; otherwise the
-gradients go to ``param.grad`` and the trainer clips and steps as usual.
+Weights held in bfloat16 with no master (``one_process.PlainWeights``: compute and
+optimization dtype both bfloat16) are stepped in place the same way, their moments in bfloat16
+as ``torch.optim.AdamW`` keeps them: float32 arithmetic, each result rounded to bfloat16 (as the
+fused ``torch.optim.AdamW`` does), no copy written: 16 bytes a parameter with the norm's read,
+where the trainer's norm, clip and ``torch.optim.AdamW(fused=True)`` move 20.
+
+Used by ``MasterWeights.update`` and ``PlainWeights.update`` when ``why_not`` finds nothing
+against it; otherwise the gradients go to ``param.grad`` and the trainer clips and steps as usual.
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ BLOCK, WARPS = 1024, 8
 On an H200 the MoE 2.9B shape's update took 22.4 ms at this shape, 25.3 ms at 4,096 and 4 warps
 (32 a thread), 29-40 ms at 8 a thread (``kernels_bench.py adamw --launch``; the table is in the
 plugin's README)."""
+
+
+BLOCK_16 = 2048
+"""Elements per program for bfloat16 weights: again 16 bytes of the weight a thread."""
 
 
 NORM_BLOCK, NORM_WARPS = 8192, 8
@@ -57,12 +67,9 @@ def why_not(weights, optimizer) -> str | None:
         return "the optimizer steps parameters that are not master weights"
     if not weights.masters:
         return "no trainable parameter"
-    if any(p.dtype != torch.float32 or not _readable(p) for p in weights.masters):
-        return "the master weights are not contiguous, aligned float32 tensors (trainer.model.optimization_dtype)"
-    if not all(_readable(c) for c in weights.copies):
-        return "the compute copies are not contiguous and aligned"
-    if any(c.dtype != torch.bfloat16 for c in weights.copies):
-        return "the compute dtype is not bfloat16 (trainer.model.dtype)"
+    unfit = _unfit_weights(weights)
+    if unfit:
+        return unfit
     device = weights.masters[0].device
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return "the weights are not on a GPU"
@@ -72,6 +79,25 @@ def why_not(weights, optimizer) -> str | None:
         import triton  # noqa: F401
     except ImportError:
         return "triton is not installed"
+    return None
+
+
+def _unfit_weights(weights) -> str | None:
+    """Why the kernel cannot read and write ``weights`` (``None``: it can): float32 masters with
+    bfloat16 compute copies, or weights of one dtype without copies; all contiguous and aligned."""
+    import torch
+
+    if not weights.copies:
+        if any(p.dtype != weights.masters[0].dtype or p.dtype not in (torch.float32, torch.bfloat16)
+               or not _readable(p) for p in weights.masters):
+            return "the weights are not contiguous, aligned tensors of one dtype, float32 or bfloat16"
+        return None
+    if any(p.dtype != torch.float32 or not _readable(p) for p in weights.masters):
+        return "the master weights are not contiguous, aligned float32 tensors (trainer.model.optimization_dtype)"
+    if not all(_readable(c) for c in weights.copies):
+        return "the compute copies are not contiguous and aligned"
+    if any(c.dtype != torch.bfloat16 for c in weights.copies):
+        return "the compute dtype is not bfloat16 (trainer.model.dtype)"
     return None
 
 
@@ -111,11 +137,13 @@ def step(weights, optimizer, max_norm: float | None, gradients: list):
             launches.setdefault(key, []).append(index)
     from prime_plugin_fsdp.adamw_kernel import adamw
 
-    items, first = weights.step_grid(BLOCK)
+    block = BLOCK if weights.masters[0].dtype == torch.float32 else BLOCK_16
+    items, first = weights.step_grid(block)
     for key, indices in launches.items():
         table = _table(weights, optimizer, gradients, set(indices))
         grad_dtype, *scalars = key
-        adamw[(items.numel(),)](table, items, first, clip, *scalars, GRAD=_triton_type(grad_dtype), BLOCK=BLOCK,
+        adamw[(items.numel(),)](table, items, first, clip, *scalars, GRAD=_triton_type(grad_dtype),
+                                PARAM=_triton_type(weights.masters[0].dtype), COPY=bool(weights.copies), BLOCK=block,
                                 num_warps=WARPS)
     torch._foreach_add_(steps, 1.0)
     weights.step_counts.advanced(steps)
@@ -144,8 +172,8 @@ def squared_norm(weights, gradients: list):
 
 
 def _triton_type(dtype):
-    """A gradient's dtype as the kernels name it (float32 or bfloat16: ``why_not`` and the
-    compute copies' dtype leave no other)."""
+    """A weight's or gradient's dtype as the kernels name it (float32 or bfloat16: ``why_not``
+    and the compute dtype leave no other)."""
     import torch
     import triton.language as tl
 
@@ -170,17 +198,18 @@ def _table(weights, optimizer, gradients: list, stepped: set[int]):
     import torch
 
     rows = []
-    for index, (master, copy) in enumerate(zip(weights.masters, weights.copies, strict=True)):
+    for index, master in enumerate(weights.masters):
         if index not in stepped:
             rows.append((0, 0, 0, 0, 0, 0))
             continue
         state = optimizer.state[master]
         moments = state["exp_avg"], state["exp_avg_sq"]
-        if not all(_readable(m) and m.dtype == torch.float32 for m in moments):
+        if not all(_readable(m) and m.dtype == master.dtype for m in moments):  # the kernel reads them as the master
             state["exp_avg"], state["exp_avg_sq"] = moments = tuple(
-                m.to(torch.float32, memory_format=torch.contiguous_format, copy=True) for m in moments)
+                m.to(master.dtype, memory_format=torch.contiguous_format, copy=True) for m in moments)
+        copy = weights.copies[index].data_ptr() if weights.copies else 0
         rows.append((master.data_ptr(), gradients[index].data_ptr(), moments[0].data_ptr(), moments[1].data_ptr(),
-                     copy.data_ptr(), master.numel()))
+                     copy, master.numel()))
     return _addresses(rows, weights.masters[0].device)
 
 

@@ -6,7 +6,7 @@ import triton.language as tl
 
 P, G, M, V, C, N = (tl.constexpr(column) for column in range(6))
 """The columns of the address table: master, gradient, first and second moment, compute copy
-addresses, and the size."""
+(0: none) addresses, and the size."""
 
 
 @triton.jit
@@ -41,11 +41,19 @@ def _store(pointer, offs, value, inside, MASKED: tl.constexpr):
 
 
 @triton.jit
+def _stored(value, dtype: tl.constexpr):
+    """``value`` (float32) as ``dtype`` holds it: bfloat16 rounded to nearest, ties to even."""
+    if dtype == tl.bfloat16:
+        return _round_to_bf16(value).to(tl.bfloat16)
+    return value
+
+
+@triton.jit
 def _update(row, offs, inside, clip, lr_decay, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps,
-            GRAD: tl.constexpr, MASKED: tl.constexpr):
-    p_ptr = _aligned(tl.load(row + P), tl.float32)
-    m_ptr = _aligned(tl.load(row + M), tl.float32)
-    v_ptr = _aligned(tl.load(row + V), tl.float32)
+            GRAD: tl.constexpr, PARAM: tl.constexpr, COPY: tl.constexpr, MASKED: tl.constexpr):
+    p_ptr = _aligned(tl.load(row + P), PARAM)
+    m_ptr = _aligned(tl.load(row + M), PARAM)
+    v_ptr = _aligned(tl.load(row + V), PARAM)
     g = _load(_aligned(tl.load(row + G), GRAD), offs, inside, MASKED) * tl.load(clip)
     p = _load(p_ptr, offs, inside, MASKED) * lr_decay
     m = _load(m_ptr, offs, inside, MASKED)
@@ -54,10 +62,11 @@ def _update(row, offs, inside, clip, lr_decay, one_minus_beta1, beta2, one_minus
     v = v * beta2 + one_minus_beta2 * (g * g)
     denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
     p = p - step_size * tl.div_rn(m, denom)
-    _store(p_ptr, offs, p, inside, MASKED)
-    _store(m_ptr, offs, m, inside, MASKED)
-    _store(v_ptr, offs, v, inside, MASKED)
-    _store(_aligned(tl.load(row + C), tl.bfloat16), offs, _round_to_bf16(p).to(tl.bfloat16), inside, MASKED)
+    _store(p_ptr, offs, _stored(p, PARAM), inside, MASKED)
+    _store(m_ptr, offs, _stored(m, PARAM), inside, MASKED)
+    _store(v_ptr, offs, _stored(v, PARAM), inside, MASKED)
+    if COPY:
+        _store(_aligned(tl.load(row + C), tl.bfloat16), offs, _stored(p, tl.bfloat16), inside, MASKED)
 
 
 @triton.jit
@@ -74,20 +83,21 @@ def _block(table, items, first, BLOCK: tl.constexpr):
 
 @triton.jit
 def adamw(table, items, first, clip, lr_decay, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps,
-          GRAD: tl.constexpr, BLOCK: tl.constexpr):
+          GRAD: tl.constexpr, PARAM: tl.constexpr, COPY: tl.constexpr, BLOCK: tl.constexpr):
     """One AdamW step over one ``BLOCK`` of one tensor. ``items[i]`` is the tensor of program
     ``i`` and ``first[t]`` its first program; ``table[t]`` holds the tensor's five addresses
-    and its size (a zero gradient address: not stepped in this launch). Whole blocks are read
-    without a mask: a mask against a size the compiler cannot see into splits every access
-    into single elements."""
+    and its size (a zero gradient address: not stepped in this launch). The parameter and its
+    moments are ``PARAM`` (the arithmetic is float32 whatever they are); ``COPY``: a bfloat16
+    compute copy is written too. Whole blocks are read without a mask: a mask against a size
+    the compiler cannot see into splits every access into single elements."""
     row, start, offs, n = _block(table, items, first, BLOCK)
     inside = offs < n
     if start + BLOCK <= n:
         _update(row, offs, inside, clip, lr_decay, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps,
-                GRAD, False)
+                GRAD, PARAM, COPY, False)
     elif start < n:
         _update(row, offs, inside, clip, lr_decay, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps,
-                GRAD, True)
+                GRAD, PARAM, COPY, True)
 
 
 @triton.jit

@@ -20,10 +20,13 @@ def memory(est, config) -> None:
     In one process without FSDP (``one_process``): a compute copy of every trainable weight,
     frozen weights in the compute dtype alone, and, when the gradients are cast to float32
     before the step, one chunk of them still in the compute dtype beside its cast (until then
-    the compute-dtype gradients take less than the float32 ones counted)."""
+    the compute-dtype gradients take less than the float32 ones counted); with bfloat16 weights
+    and no master (``one_process.plain``), nothing."""
     from prime_plugin_fsdp import one_process
 
     if one_process.chosen(config, est.processes):
+        if one_process.plain(config):
+            return
         dt = est.compute_bytes
         for param in est.params.values():
             if not param.trainable:

@@ -34,6 +34,12 @@ compute dtype alone.
 
 The copies of every weight are held for the whole step, like FSDP's
 ``reshard_after_forward = false``: 2 bytes a parameter more than FSDP's default.
+
+With bfloat16 as both the compute and the optimization dtype there is nothing to cast, and
+FSDP in one process would only copy every weight into its gather buffer and every gradient
+through its reduction (and hold a second copy of the weights). The model then keeps its own
+parameters (``PlainWeights``), and AdamW on a GPU steps them in place in one kernel with the
+norm and the clip (``adamw``).
 """
 
 from __future__ import annotations
@@ -48,11 +54,18 @@ def usable(model, *, config, world) -> bool:
 
 
 def chosen(config, processes: int) -> bool:
-    """One process, compute and master dtypes differing, no CPU offload, and
-    ``reshard_after_forward`` not set to ``true`` (FSDP's block-by-block copies, less memory)."""
+    """One process and no CPU offload; bfloat16 weights without a master (``plain``), or
+    compute and master dtypes differing with ``reshard_after_forward`` not set to ``true``
+    (FSDP's block-by-block copies, less memory)."""
+    if processes != 1 or config.fsdp_cpu_offload:
+        return False
     asked_reshard = "reshard_after_forward" in config.model_fields_set and config.reshard_after_forward
-    return (processes == 1 and config.dtype != config.optimization_dtype and not config.fsdp_cpu_offload
-            and not asked_reshard)
+    return plain(config) or (config.dtype != config.optimization_dtype and not asked_reshard)
+
+
+def plain(config) -> bool:
+    """Whether the model keeps its own bfloat16 parameters, no master (``PlainWeights``)."""
+    return config.dtype == config.optimization_dtype == "bfloat16"
 
 
 def apply(model, *, config, world):
@@ -61,22 +74,82 @@ def apply(model, *, config, world):
     from prime_core.specs import Applied
 
     model.to(world.device)
+    if plain(config):
+        return Applied(model, update=PlainWeights(model).update)
     weights = MasterWeights(model, getattr(torch, config.dtype))
     model.register_forward_pre_hook(weights.compute)
     model.register_forward_hook(weights.after_forward)
     return Applied(model, before_step=weights.before_step, update=weights.update)
 
 
-class MasterWeights:
+class FusedUpdate:
+    """What ``adamw.step`` reads besides the masters and the compute copies: each master's
+    index, the host's step counts, the launch grids; and whether each optimizer's update is
+    fused (said once, on a GPU)."""
+
+    def __init__(self) -> None:
+        from prime_plugin_fsdp.adamw import StepCounts
+
+        self.masters: list = []
+        self.copies: list = []
+        self.index_of: dict[int, int] = {}
+        self.fused: dict[int, str | None] = {}  # per optimizer: why its update is not fused (None: it is)
+        self.step_counts = StepCounts()
+        self._grid: dict = {}
+
+    def fusable(self, optimizer, what: str) -> bool:
+        from prime_plugin_fsdp import adamw
+
+        key = id(optimizer)
+        if key not in self.fused:
+            self.fused[key] = adamw.why_not(self, optimizer)
+            if self.masters and self.masters[0].device.type == "cuda":
+                import logging
+
+                logging.getLogger("prime.fsdp").info(f"{what}: AdamW fused" if self.fused[key] is None
+                                                     else f"{what}: unfused update ({self.fused[key]})")
+        return self.fused[key] is None
+
+    def step_grid(self, block: int):
+        """The fused update's launch grid over the masters (``adamw.grid``), built once."""
+        if block not in self._grid:
+            from prime_plugin_fsdp.adamw import grid
+
+            self._grid[block] = grid([m.numel() for m in self.masters], block, self.masters[0].device)
+        return self._grid[block]
+
+
+class PlainWeights(FusedUpdate):
+    """The model's own trainable parameters, stepped in place (module docstring)."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        for param in model.parameters():  # each once: tied parameters are one
+            if param.requires_grad and param.is_floating_point():
+                self.index_of[id(param)] = len(self.masters)
+                self.masters.append(param)
+
+    def update(self, _model, optimizer, max_norm: float | None):
+        """``Applied.update``: AdamW fused over the parameters where it can be, returning the
+        norm; otherwise ``None`` lets the trainer clip and step."""
+        if not self.fusable(optimizer, "bf16 weights"):
+            return None
+        from prime_plugin_fsdp import adamw
+
+        gradients = [p.grad for p in self.masters]
+        for param in self.masters:
+            param.grad = None
+        return adamw.step(self, optimizer, max_norm, gradients)
+
+
+class MasterWeights(FusedUpdate):
     """The masters, their compute copies and where each is registered (module docstring)."""
 
     def __init__(self, model, compute_dtype) -> None:
         import torch
 
-        from prime_plugin_fsdp.adamw import StepCounts
-
-        self.masters, self.copies, self.slots = [], [], []  # slots: (module, name, index)
-        self.index_of: dict[int, int] = {}
+        super().__init__()
+        self.slots = []  # (module, name, index)
         index_of, frozen = self.index_of, {}
         for module in model.modules():
             for name, param in module._parameters.items():
@@ -101,9 +174,6 @@ class MasterWeights:
         self.pending = [None] * len(self.masters)  # one micro-batch's, in the compute dtype
         self.computing = False
         self.fresh: list | None = None  # the masters' versions when the fused update wrote the copies
-        self.fused: dict[int, str | None] = {}  # per optimizer: why its update is not fused (None: it is)
-        self.step_counts = StepCounts()
-        self._grid: dict = {}
 
     def _accumulator(self, index: int):
         def accumulate(copy) -> None:
@@ -162,16 +232,7 @@ class MasterWeights:
         and ``None`` lets the trainer clip and step."""
         from prime_plugin_fsdp import adamw
 
-        key = id(optimizer)
-        if key not in self.fused:
-            self.fused[key] = adamw.why_not(self, optimizer)
-            if self.masters and self.masters[0].device.type == "cuda":
-                import logging
-
-                logging.getLogger("prime.fsdp").info(
-                    "master weights: AdamW fused with the casts" if self.fused[key] is None
-                    else f"master weights: unfused update ({self.fused[key]})")
-        if self.fused[key] is not None:
+        if not self.fusable(optimizer, "master weights"):
             self.take_gradients()
             return None
         gradients = [held if held is not None else pending for held, pending in zip(self.grads, self.pending,
@@ -187,14 +248,6 @@ class MasterWeights:
         for master, grad in zip(self.masters, self.grads, strict=True):
             master.grad = grad
         self.grads = [None] * len(self.masters)
-
-    def step_grid(self, block: int):
-        """The fused update's launch grid over the masters (``adamw.grid``), built once."""
-        if block not in self._grid:
-            from prime_plugin_fsdp.adamw import grid
-
-            self._grid[block] = grid([m.numel() for m in self.masters], block, self.masters[0].device)
-        return self._grid[block]
 
     def _convert_pending(self) -> None:
         """The gradients of one micro-batch, cast a chunk at a time, each in one multi-tensor

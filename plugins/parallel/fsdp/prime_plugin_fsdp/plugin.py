@@ -11,9 +11,11 @@ PRIME_PLUGIN_API = 1
 
 def enabled(config, world) -> bool:
     """Required with several processes; one process uses it where it has work there: fp32
-    master weights under bf16 compute, or CPU offload (else it would only copy every weight
-    and gradient once more per step)."""
-    return world.size > 1 or config.optimization_dtype != config.dtype or config.fsdp_cpu_offload
+    master weights under bf16 compute, CPU offload, or bf16 weights' fused update
+    (``one_process``; else it would only copy every weight and gradient once more per step)."""
+    from prime_plugin_fsdp.one_process import plain
+
+    return world.size > 1 or config.optimization_dtype != config.dtype or config.fsdp_cpu_offload or plain(config)
 
 
 @hookimpl

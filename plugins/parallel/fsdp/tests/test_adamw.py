@@ -18,13 +18,14 @@ SHAPES = [(3,), (5000,), (64, 130), (4096, 3)]
 
 
 class Weights:
-    """What ``adamw.step`` reads of ``one_process.MasterWeights``."""
+    """What ``adamw.step`` reads of ``one_process.MasterWeights`` (``copies``: with compute
+    copies; without, of ``one_process.PlainWeights``)."""
 
-    def __init__(self, masters) -> None:
+    def __init__(self, masters, copies: bool = True) -> None:
         from prime_plugin_fsdp.adamw import StepCounts, grid
 
         self.masters = masters
-        self.copies = [m.detach().to(torch.bfloat16) for m in masters]
+        self.copies = [m.detach().to(torch.bfloat16) for m in masters] if copies else []
         self.index_of = {id(m): i for i, m in enumerate(masters)}
         self.step_counts = StepCounts()
         self.grid = lambda block: grid([m.numel() for m in masters], block, masters[0].device)
@@ -76,6 +77,63 @@ def test_the_fused_step_is_adamw_after_clipping(grad_dtype, max_norm):
         # Each compute copy is its new master rounded to bfloat16, as the unfused refresh casts it.
         for master, copy in zip(ours, weights.copies, strict=True):
             assert torch.equal(copy, master.detach().to(torch.bfloat16))
+
+
+@kernel_test
+@pytest.mark.parametrize("max_norm", [None, 0.5], ids=["no_clip", "clipped"])
+def test_bf16_weights_step_in_place_as_adamw_in_float32_rounded(max_norm):
+    """No master: bfloat16 weights and moments stepped in place, against ``torch.optim.AdamW`` in
+    float32 over the same values with the gradients clipped in float32, each result rounded to
+    bfloat16 after the step; without clipping also against ``torch.optim.AdamW``'s fused step on
+    the bfloat16 tensors, which computes so. (The trainer's own clipping of bfloat16 gradients
+    rounds them to bfloat16 once more, the fused update does not.) Both round float32 results of
+    the same formula, in another order: a result on the edge of two bfloat16 values may round
+    either way, one unit in the last place apart, and a moment that cancels to about zero is zero
+    in one and 1e-9 in the other."""
+    from prime_core.trainer.optim import clip_factor
+    from prime_plugin_fsdp import adamw
+
+    ours = [torch.nn.Parameter(m.detach().to(torch.bfloat16)) for m in _masters(1)]
+    wide = [torch.nn.Parameter(m.detach().float()) for m in ours]
+    fused = [torch.nn.Parameter(m.detach().clone()) for m in ours]
+    hyper = {"lr": 3e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+    mine = torch.optim.AdamW(ours, **hyper)
+    reference = torch.optim.AdamW(wide, **hyper, foreach=False)
+    torch_fused = torch.optim.AdamW(fused, **hyper, fused=True)
+    weights = Weights(ours, copies=False)
+    assert adamw.why_not(weights, mine) is None
+    for step in range(4):
+        grads = _grads(10 + step, torch.bfloat16, scale=0.3 * (step + 1))
+        clip = clip_factor(_norm(grads).float(), max_norm) if max_norm else 1.0
+        for param, other, grad in zip(wide, fused, grads, strict=True):
+            param.grad, other.grad = grad.float() * clip, grad.clone()
+        reference.step()
+        with torch.no_grad():
+            for param in wide:
+                state = reference.state[param]
+                for tensor in (param, state["exp_avg"], state["exp_avg_sq"]):
+                    tensor.copy_(tensor.to(torch.bfloat16))
+        got = adamw.step(weights, mine, max_norm, list(grads))
+        torch.testing.assert_close(got.double(), _norm(grads), rtol=1e-6, atol=0)
+        references = [(reference, wide)] + ([(torch_fused, fused)] if max_norm is None else [])
+        if max_norm is None:
+            torch_fused.step()
+        for optimizer, params in references:
+            for a, b in zip(ours, params, strict=True):
+                _bf16_close(a, b)
+                for key in ("exp_avg", "exp_avg_sq"):
+                    assert mine.state[a][key].dtype == torch.bfloat16
+                    _bf16_close(mine.state[a][key], optimizer.state[b][key])
+                assert float(mine.state[a]["step"]) == float(optimizer.state[b]["step"]) == step + 1
+
+
+def _bf16_close(got, want) -> None:
+    """bfloat16 tensors equal but for roundings the other way: at most one unit in the last
+    place apart (or a millionth of the largest value, near zero), in at most 1% of the elements."""
+    got, want = got.detach().float().cpu(), want.detach().float().cpu()
+    bound = want.abs() * 2.0 ** -7 + 1e-6 * float(want.abs().max())
+    assert bool(((got - want).abs() <= bound).all()), float(((got - want).abs() / bound).max())
+    assert float((got != want).float().mean()) <= 0.01, float((got != want).float().mean())
 
 
 def _norm(grads) -> torch.Tensor:
@@ -167,7 +225,8 @@ def model_dir(tmp_path_factory):
 def test_the_trainer_with_the_fused_update_trains_as_fsdp(model_dir, tmp_path, monkeypatch):
     """Several steps of several micro-batches (the gradients summed in float32; the kernel tests
     above step bf16 gradients too), also with LoRA; a checkpoint of the fused run resumes to
-    the uninterrupted run's weights, and resumes unfused too (the state is AdamW's own)."""
+    the uninterrupted run's weights, and resumes unfused too (the state is AdamW's own). bf16
+    weights without a master (``plain``: no FSDP, stepped in place) resume unfused the same way."""
     from safetensors.torch import load_file
 
     from prime_core.parity import run
@@ -180,7 +239,9 @@ def test_the_trainer_with_the_fused_update_trains_as_fsdp(model_dir, tmp_path, m
     run(model_dir, tmp_path, [{"name": "fused", "model": bf16, "steps": 4, "ckpt_step": 2},
                               {"name": "fsdp", "model": fsdp_keys, "steps": 4},
                               {"name": "fused_lora", "model": {**bf16, **lora}, "steps": 3},
-                              {"name": "fsdp_lora", "model": {**fsdp_keys, **lora}, "steps": 3}],
+                              {"name": "fsdp_lora", "model": {**fsdp_keys, **lora}, "steps": 3},
+                              {"name": "plain", "model": {**bf16, "optimization_dtype": "bfloat16"}, "steps": 4,
+                               "ckpt_step": 2}],
         save_ckpt=True, cpu=True)
     fused, fsdp, fused_lora, fsdp_lora = (torch.load(tmp_path / f"{name}.pt", weights_only=False)
                                           for name in ("fused", "fsdp", "fused_lora", "fsdp_lora"))
@@ -213,11 +274,17 @@ def test_the_trainer_with_the_fused_update_trains_as_fsdp(model_dir, tmp_path, m
     unfused = tmp_path / "unfused"
     unfused.mkdir()
     shutil.copytree(tmp_path / "fused", unfused / "fused")
+    shutil.copytree(tmp_path / "plain", unfused / "plain")
     monkeypatch.delenv("TRITON_INTERPRET")
-    run(model_dir, unfused, [{"name": "fused", "model": bf16, "steps": 4, "ckpt_step": 2}], load_ckpt=True, cpu=True)
-    plain = torch.load(unfused / "fused.pt", weights_only=False)
-    assert plain["losses"][0] == fused["losses"][2]
-    assert abs(plain["losses"][1] - fused["losses"][3]) <= 1e-4 * abs(fused["losses"][3])
+    run(model_dir, unfused, [{"name": "fused", "model": bf16, "steps": 4, "ckpt_step": 2},
+                             {"name": "plain", "model": {**bf16, "optimization_dtype": "bfloat16"}, "steps": 4,
+                              "ckpt_step": 2}], load_ckpt=True, cpu=True)
+    for name, bound in (("fused", 1e-4), ("plain", 1e-3)):  # torch's AdamW rounds each bf16 operation
+        before = torch.load(tmp_path / f"{name}.pt", weights_only=False)
+        after = torch.load(unfused / f"{name}.pt", weights_only=False)
+        assert after["losses"][0] == before["losses"][2], name
+        assert abs(after["losses"][1] - before["losses"][3]) <= bound * abs(before["losses"][3]), name
+        assert after["layout"] == {} and before["applied"] == ["fsdp"], name  # one_process, not FSDP
 
 
 def _distance(state, other) -> float:

@@ -38,6 +38,13 @@ class TestFSDP(ParallelStrategyContract):
         check_enabled(spec, model_config(manager, dtype="float32"), World(), False,
                       "for one float32 process (it would only copy every weight once more)")
 
+    def test_on_for_one_process_of_bf16_weights_without_a_master(self, spec, manager):
+        from prime_core.distributed import World
+        from prime_core.testing.contracts.parallel_strategy import check_enabled, model_config
+
+        check_enabled(spec, model_config(manager, dtype="bfloat16", optimization_dtype="bfloat16"), World(), True,
+                      "for one bf16 process without a master: the fused update in place (one_process.PlainWeights)")
+
     def test_four_processes_and_hsdp(self, model_dir, tmp_path):
         import torch
 
