@@ -41,11 +41,12 @@ def _store(pointer, offs, value, inside, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _stored(value, dtype: tl.constexpr):
-    """``value`` (float32) as ``dtype`` holds it: bfloat16 rounded to nearest, ties to even."""
+def _store_as(pointer, offs, value, inside, dtype: tl.constexpr, MASKED: tl.constexpr):
+    """``value`` (float32) stored as ``dtype``: bfloat16 rounded to nearest, ties to even."""
     if dtype == tl.bfloat16:
-        return _round_to_bf16(value).to(tl.bfloat16)
-    return value
+        _store(pointer, offs, _round_to_bf16(value).to(tl.bfloat16), inside, MASKED)
+    else:
+        _store(pointer, offs, value, inside, MASKED)
 
 
 @triton.jit
@@ -62,11 +63,11 @@ def _update(row, offs, inside, clip, lr_decay, one_minus_beta1, beta2, one_minus
     v = v * beta2 + one_minus_beta2 * (g * g)
     denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
     p = p - step_size * tl.div_rn(m, denom)
-    _store(p_ptr, offs, _stored(p, PARAM), inside, MASKED)
-    _store(m_ptr, offs, _stored(m, PARAM), inside, MASKED)
-    _store(v_ptr, offs, _stored(v, PARAM), inside, MASKED)
+    _store_as(p_ptr, offs, p, inside, PARAM, MASKED)
+    _store_as(m_ptr, offs, m, inside, PARAM, MASKED)
+    _store_as(v_ptr, offs, v, inside, PARAM, MASKED)
     if COPY:
-        _store(_aligned(tl.load(row + C), tl.bfloat16), offs, _stored(p, tl.bfloat16), inside, MASKED)
+        _store_as(_aligned(tl.load(row + C), tl.bfloat16), offs, p, inside, tl.bfloat16, MASKED)
 
 
 @triton.jit
