@@ -389,53 +389,69 @@ def adamw_shapes(model: str, tiny: bool) -> list[tuple]:
 
 
 def bench_adamw(args, device) -> list[dict]:
-    """One update of the master weights (``one_process``): bf16 gradients of one micro-batch,
-    clipped to 1.0. ``unfused``: the trainer's path (the gradients cast to float32, the norm,
-    the clip, fused ``torch.optim.AdamW``, the next step's compute copies cast from the
-    masters); ``fused``: ``prime_plugin_fsdp.adamw``. Bytes moved per parameter: 52 and 30."""
+    """One update of the weights in one process (``one_process``), bf16 gradients of one
+    micro-batch, clipped to 1.0. Master weights: ``unfused`` is the trainer's path (the
+    gradients cast to float32, the norm, the clip, fused ``torch.optim.AdamW``, the next step's
+    compute copies cast from the masters), ``fused`` is ``prime_plugin_fsdp.adamw``; bytes moved
+    per parameter: 52 and 30. bf16 weights without a master (``PlainWeights``): ``bf16 unfused``
+    is the norm, the clip and fused ``torch.optim.AdamW``, ``bf16 fused`` the kernel in place;
+    20 and 16 bytes. ``--launch`` sweeps the fused kernel's BLOCK:WARPS (``BLOCK_16`` for bf16)."""
     import torch
 
     from prime_core.trainer.optim import clip_grad_norm
     from prime_plugin_fsdp import adamw
-    from prime_plugin_fsdp.one_process import MasterWeights
+    from prime_plugin_fsdp.one_process import MasterWeights, PlainWeights
 
-    default = (adamw.BLOCK, adamw.WARPS)
-    launches = [tuple(int(x) for x in text.split(":")) for text in args.launch] or [default]
+    defaults = {"fused": (adamw.BLOCK, adamw.WARPS), "bf16 fused": (adamw.BLOCK_16, adamw.WARPS)}
+    bytes_per = {"unfused": 52, "fused": 30, "bf16 unfused": 20, "bf16 fused": 16}
     records = []
     for model in args.models:
         shapes = adamw_shapes(model, args.tiny)
-        for path in ("unfused", "fused"):
-            module = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(s, device=device) * 0.02) for s in shapes])
-            weights = MasterWeights(module, torch.bfloat16)
+        for path in bytes_per:
+            bf16 = path.startswith("bf16")
+            module = torch.nn.ParameterList([torch.nn.Parameter(
+                (torch.randn(s, device=device) * 0.02).to(torch.bfloat16 if bf16 else torch.float32)) for s in shapes])
+            weights = PlainWeights(module) if bf16 else MasterWeights(module, torch.bfloat16)
             optimizer = torch.optim.AdamW(list(module.parameters()), lr=1e-5, weight_decay=0.01,
                                           fused=device.type == "cuda")
             grads = [torch.randn(s, device=device, dtype=torch.bfloat16) for s in shapes]
 
-            def update(path=path, weights=weights, optimizer=optimizer, grads=grads):
-                weights.pending = list(grads)
-                weights.compute()
-                weights.before_step()
-                if path == "fused":
+            def update(path=path, weights=weights, optimizer=optimizer, grads=grads, bf16=bf16):
+                if bf16:
+                    for param, grad in zip(weights.masters, grads, strict=True):
+                        param.grad = grad
+                else:
+                    weights.pending = list(grads)
+                    weights.compute()
+                    weights.before_step()
+                if path.endswith(" fused") or path == "fused":
                     assert weights.update(None, optimizer, 1.0) is not None, "the fused update did not run"
                     return
-                weights.take_gradients()
+                if not bf16:
+                    weights.take_gradients()
                 clip_grad_norm(weights.masters, 1.0)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
 
-            # The fused kernel once per launch shape, over the same tensors.
-            for adamw.BLOCK, adamw.WARPS in launches if path == "fused" else [default]:
+            default = defaults.get(path)
+            launches = [tuple(int(x) for x in text.split(":")) for text in args.launch] or [default]
+            for launch in launches if default else [None]:  # the fused kernel once per launch shape
+                if launch:
+                    setattr(adamw, "BLOCK_16" if bf16 else "BLOCK", launch[0])
+                    adamw.WARPS = launch[1]
                 seconds, peak, _ = timed(update, device, args.reps)
                 numel = sum(p.numel() for p in weights.masters)
                 records.append({"bench": "adamw", "model": model, "path": path, "params": numel,
-                                "ms": seconds * 1e3, "gbps": numel * (30 if path == "fused" else 52) / seconds / 1e9,
-                                "peak_gib": peak / 2**30, **({"block": adamw.BLOCK, "warps": adamw.WARPS}
-                                                             if path == "fused" else {})})
+                                "ms": seconds * 1e3, "gbps": numel * bytes_per[path] / seconds / 1e9,
+                                "peak_gib": peak / 2**30,
+                                **({"block": launch[0], "warps": launch[1]} if launch else {})})
                 emit(args, records[-1])
+            if default:
+                setattr(adamw, "BLOCK_16" if bf16 else "BLOCK", default[0])
+                adamw.WARPS = default[1]
             del module, weights, optimizer, grads, update
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    adamw.BLOCK, adamw.WARPS = default
     return records
 
 
@@ -619,14 +635,14 @@ def table(out: Path) -> None:
     moe_table(console, [r for r in records if r["bench"] == "moe"])
     steps = [r for r in records if r["bench"] == "adamw"]
     if steps:
-        grid = Table(title="The master weights' update (bf16 gradients, clip, AdamW, compute copies)")
+        grid = Table(title="The update in one process (bf16 gradients, clip, AdamW; master weights: compute copies)")
         for column in ("model", "parameters", "path", "ms", "GB/s (bytes it must move)", "× unfused time"):
             grid.add_column(column, justify="right")
-        base = {r["model"]: r["ms"] for r in steps if r["path"] == "unfused"}
+        base = {(r["model"], r["path"].startswith("bf16")): r["ms"] for r in steps if r["path"].endswith("unfused")}
         for r in steps:
-            path = f"fused {r['block']}x{r['warps']}" if "block" in r else r["path"]
+            path = f"{r['path']} {r['block']}x{r['warps']}" if "block" in r else r["path"]
             grid.add_row(r["model"], f"{r['params'] / 1e9:.2f}B", path, f"{r['ms']:.1f}", f"{r['gbps']:.0f}",
-                         ratio(r["ms"], base.get(r["model"])))
+                         ratio(r["ms"], base.get((r["model"], r["path"].startswith("bf16")))))
         console.print(grid)
 
 
