@@ -121,20 +121,23 @@ def test_bf16_weights_step_in_place_as_adamw_in_float32_rounded(max_norm):
             references.append(("torch's fused", torch_fused, fused))
         for what, optimizer, params in references:
             for a, b in zip(ours, params, strict=True):
-                _bf16_close(a, b, f"{what}: weight, step {step + 1}")
+                _bf16_close(a, b, f"{what}: weight, step {step + 1}", step_size=hyper["lr"])
                 for key in ("exp_avg", "exp_avg_sq"):
                     assert mine.state[a][key].dtype == torch.bfloat16
                     _bf16_close(mine.state[a][key], optimizer.state[b][key], f"{what}: {key}, step {step + 1}")
                 assert float(mine.state[a]["step"]) == float(optimizer.state[b]["step"]) == step + 1
 
 
-def _bf16_close(got, want, what: str) -> None:
+def _bf16_close(got, want, what: str, step_size: float = 0.0) -> None:
     """bfloat16 tensors equal but for roundings the other way: at most one unit in the last
     place apart (or a millionth of the largest value, near zero), in at most 5% of the elements
     (a flip carries over into the next steps' moments: 1.4% after four steps on an H200, where
-    the compiled kernel contracts multiplies and adds; a wrong formula is off everywhere)."""
+    the compiled kernel contracts multiplies and adds; a wrong formula is off everywhere). A
+    weight may also be off by a bfloat16 unit of the step (``step_size``, the learning rate):
+    what a moment rounded the other way in an earlier step changes of it (torch's CUDA kernel
+    differs from the float32 formula so, by 3 units of a weight of 2.6e-4 after two steps)."""
     got, want = got.detach().float().cpu(), want.detach().float().cpu()
-    bound = want.abs() * 2.0 ** -7 + 1e-6 * float(want.abs().max())
+    bound = want.abs() * 2.0 ** -7 + 1e-6 * float(want.abs().max()) + step_size * 2.0 ** -7
     worst = int(((got - want).abs() / bound).argmax())
     assert bool(((got - want).abs() <= bound).all()), (what, float(got.flatten()[worst]), float(want.flatten()[worst]))
     assert float((got != want).float().mean()) <= 0.05, (what, float((got != want).float().mean()))
