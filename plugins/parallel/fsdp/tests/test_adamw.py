@@ -130,13 +130,14 @@ def test_bf16_weights_step_in_place_as_adamw_in_float32_rounded(max_norm):
 
 
 def _bf16_close(got, want, what: str, step_size: float, other_order: bool) -> None:
-    """bfloat16 tensors equal but for roundings the other way, in at most 5% of the elements (a
-    flip carries over into the next steps: 1.4% after four steps on an H200, where the compiled
-    kernel contracts multiplies and adds; a wrong formula is off everywhere). The same formula
-    (``other_order`` false): at most one unit in the last place apart (a millionth of the
-    largest value, near zero). Another order of the operations (torch's CUDA kernel): a moment
+    """bfloat16 tensors equal but for roundings the other way. The same formula (``other_order``
+    false): at most one unit in the last place apart (a millionth of the largest value, near
+    zero), in at most 5% of the elements (a flip carries over into the next steps: 1.4% after
+    four steps on an H200, where the compiled kernel contracts multiplies and adds; a wrong
+    formula is off everywhere). Another order of the operations (torch's CUDA kernel): a moment
     that cancels to near zero keeps the unit of what cancelled (0.00313 against 0.00357, after
-    terms of 0.1), so the unit of the tensor's largest value. A weight may also be off by a
+    terms of 0.1), so the unit of the tensor's largest value, and flips compound over the steps
+    (a third of the elements of a small tensor after four). A weight may also be off by a
     bfloat16 unit of the step (``step_size``, the learning rate): what a moment rounded the
     other way in an earlier step changes of it."""
     got, want = got.detach().float().cpu(), want.detach().float().cpu()
@@ -144,7 +145,7 @@ def _bf16_close(got, want, what: str, step_size: float, other_order: bool) -> No
     bound = (largest * 2.0 ** -7 if other_order else want.abs() * 2.0 ** -7 + 1e-6 * largest) + step_size * 2.0 ** -7
     worst = int(((got - want).abs() / bound).argmax())
     assert bool(((got - want).abs() <= bound).all()), (what, float(got.flatten()[worst]), float(want.flatten()[worst]))
-    assert float((got != want).float().mean()) <= 0.05, (what, float((got != want).float().mean()))
+    assert other_order or float((got != want).float().mean()) <= 0.05, (what, float((got != want).float().mean()))
 
 
 def _norm(grads) -> torch.Tensor:
