@@ -238,6 +238,22 @@ def test_a_dying_service_is_named_over_the_client_that_failed_first_and_without_
     assert (outcome.code, outcome.failed_role) == (1, "trainer")
     assert time.monotonic() - start < 5, "stopped at once, with no service whose death could explain it"
 
+    # A service that answers on its port is alive: the failure is the client's own, no wait.
+    from prime_core.testing import free_ports
+
+    port = free_ports(1)
+    serving = (f"import http.server; http.server.HTTPServer(('127.0.0.1', {port}), "
+               "http.server.SimpleHTTPRequestHandler).serve_forever()")  # /health: 404, a server that answers
+    healthy = (f"import socket, sys, time\nwhile socket.socket().connect_ex(('127.0.0.1', {port})): time.sleep(0.1)\n"
+               "time.sleep(0.3); sys.exit(1)")
+    inference = proc("inference", serving, service=True)
+    inference.port = port
+    start = time.monotonic()
+    outcome = supervise(LaunchPlan(launcher="test", output_dir=tmp_path, processes=[
+        inference, proc("orchestrator", healthy)]))
+    assert (outcome.code, outcome.failed_role) == (1, "orchestrator"), outcome.message
+    assert time.monotonic() - start < 6, "stopped without the settling wait: the service answers"
+
 
 # -- SFT: resume, atomic model, full disk ----------------------------------------------------------
 

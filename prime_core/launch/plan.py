@@ -53,7 +53,9 @@ class RoleProcess:
     the others (an inference replica when ``orchestrator.client.on_replica_failure`` is
     ``continue``: the orchestrator carries on with the replicas left)."""
     port: int | None = None
-    """The port it serves on, for the placement table (plugins' services)."""
+    """The port it serves on (on this machine): the placement table shows it (plugins' services),
+    and a failing run asks it for ``/health`` before waiting for a service to fail too
+    (``supervise.answering``)."""
     console: bool = False
     """Its output goes to this terminal (``prime sft``: rank 0, as torchrun's
     ``--local-ranks-filter 0``); ``log`` is then the file the process writes itself."""

@@ -201,7 +201,25 @@ SETTLE_SECONDS = 10.0
 may take to fail too before being stopped: a dead inference server makes the orchestrator fail
 within a second or two, and the server is the role to report; the inference role itself needs a
 few seconds more to see its server's death and stop what is left of it (measured up to 4 s on 2
-busy cores). With no service running there is nothing such a wait could find."""
+busy cores). With no service running there is nothing such a wait could find, nor when every
+running service answers on its port (``answering``): the failure is then the role's own."""
+
+
+def answering(port: int | None, timeout: float = 0.5) -> bool:
+    """Whether a server on this machine's ``port`` answers ``GET /health`` with a status below
+    500 (an API key's 401 included: the server is up). ``False`` where that cannot be told."""
+    import urllib.error
+    import urllib.request
+
+    if port is None:
+        return False
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=timeout) as response:
+            return response.status < 500
+    except urllib.error.HTTPError as error:
+        return error.code < 500
+    except (OSError, ValueError):
+        return False
 
 
 def _failed(procs: dict[str, RoleProcess], running: dict[str, subprocess.Popen]) -> list[str]:
@@ -214,10 +232,14 @@ def _failed(procs: dict[str, RoleProcess], running: dict[str, subprocess.Popen])
 def _failure(procs: dict[str, RoleProcess], running: dict[str, subprocess.Popen], failed: list[str]) -> Outcome:
     deadline = time.monotonic() + SETTLE_SECONDS
 
-    def service_running() -> bool:
-        return any(procs[r].service and p.poll() is None for r, p in running.items())
+    def services() -> list[str]:
+        return [r for r, p in running.items() if procs[r].service and p.poll() is None]
 
-    while time.monotonic() < deadline and not any(procs[r].service for r in failed) and service_running():
+    def settling() -> bool:
+        alive = services()
+        return bool(alive) and not all(answering(procs[r].port) for r in alive)
+
+    while time.monotonic() < deadline and not any(procs[r].service for r in failed) and settling():
         time.sleep(0.1)
         failed = list(dict.fromkeys([*failed, *_failed(procs, running)]))
     _stop({r: p for r, p in running.items() if r not in failed})

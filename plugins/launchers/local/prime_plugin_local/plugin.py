@@ -178,7 +178,7 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
             out.append(RoleProcess(
                 role=name, command=role_command("inference", replica.config), config=replica.config,
                 log=logs / ("inference.log" if name == "inference" else f"inference_{replica.index}.log"),
-                env=env, service=service, may_fail=replicas_may_fail(config, root, len(found))))
+                env=env, service=service, may_fail=replicas_may_fail(config, root, len(found)), port=replica.port))
         return out + [_with_env(p, env_vars) for p in services]
 
     if root == "inference" and (config.parallel.dp > 1 or services):

@@ -158,7 +158,8 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
             result.processes.append(RoleProcess(
                 role=role_name, command=role_command("inference", replica.config), config=replica.config,
                 log=logs / (f"inference_{replica.index}.log" if several else "inference.log"),
-                env=env_for(role_name), service=True, may_fail=replicas_may_fail(config, root, len(found))))
+                env=env_for(role_name), service=True, may_fail=replicas_may_fail(config, root, len(found)),
+                port=replica.port))
         # What plugins start beside the replicas (a router in front of them).
         for service in plugin_services(config, root, configs):
             service.env = {**env_for(service.role), **service.env}
