@@ -238,21 +238,34 @@ def test_a_dying_service_is_named_over_the_client_that_failed_first_and_without_
     assert (outcome.code, outcome.failed_role) == (1, "trainer")
     assert time.monotonic() - start < 5, "stopped at once, with no service whose death could explain it"
 
-    # A service that answers on its port is alive: the failure is the client's own, no wait.
+    # On a known port, a service that answers is alive and one that never has was still starting:
+    # either way the failure is the client's own, no wait. One that answered and then fell silent
+    # while its process runs (an inference role whose server died) is waited for and named.
     from prime_core.testing import free_ports
 
-    port = free_ports(1)
-    serving = (f"import http.server; http.server.HTTPServer(('127.0.0.1', {port}), "
-               "http.server.SimpleHTTPRequestHandler).serve_forever()")  # /health: 404, a server that answers
-    healthy = (f"import socket, sys, time\nwhile socket.socket().connect_ex(('127.0.0.1', {port})): time.sleep(0.1)\n"
-               "time.sleep(0.3); sys.exit(1)")
-    inference = proc("inference", serving, service=True)
-    inference.port = port
-    start = time.monotonic()
-    outcome = supervise(LaunchPlan(launcher="test", output_dir=tmp_path, processes=[
-        inference, proc("orchestrator", healthy)]))
-    assert (outcome.code, outcome.failed_role) == (1, "orchestrator"), outcome.message
-    assert time.monotonic() - start < 6, "stopped without the settling wait: the service answers"
+    def service(port: int, code: str) -> RoleProcess:
+        found = proc("inference", code, service=True)
+        found.port = port
+        return found
+
+    def client_after(port: int, delay: float) -> RoleProcess:
+        return proc("orchestrator", f"import socket, sys, time\nwhile socket.socket().connect_ex(('127.0.0.1', "
+                                    f"{port})): time.sleep(0.1)\ntime.sleep({delay}); sys.exit(1)")
+
+    serve = ("import http.server, sys, threading, time\nserver = http.server.HTTPServer(('127.0.0.1', {port}), "
+             "http.server.SimpleHTTPRequestHandler)\nthreading.Thread(target=server.serve_forever, daemon=True)"
+             ".start()\ntime.sleep({serving})\nserver.shutdown(); server.server_close(); time.sleep(2); sys.exit(9)")
+    starting = "import socket, time\ns = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(60)"
+    for what, code, delay, want, bound in (
+            ("answers (/health: 404)", serve.format(port="{port}", serving=60), 0.3, (1, "orchestrator"), 6),
+            ("never answered (listening, no reply)", starting, 0.3, (1, "orchestrator"), 6),
+            ("answered, then silent", serve.format(port="{port}", serving=1.5), 2.0, (9, "inference"), 12)):
+        port = free_ports(1)
+        start = time.monotonic()
+        outcome = supervise(LaunchPlan(launcher="test", output_dir=tmp_path, processes=[
+            service(port, code.format(port=port)), client_after(port, delay)]))
+        assert (outcome.code, outcome.failed_role) == want, (what, outcome.message)
+        assert time.monotonic() - start < bound, what
 
 
 # -- SFT: resume, atomic model, full disk ----------------------------------------------------------

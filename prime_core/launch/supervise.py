@@ -164,6 +164,7 @@ def supervise(plan: LaunchPlan, *, poll_interval: float = 0.2, on_tick=None, on_
 def _supervise(plan: LaunchPlan, poll_interval: float, on_tick, on_note, interrupts: _Interrupts) -> Outcome:
     procs = {p.role: p for p in plan.processes}
     running: dict[str, subprocess.Popen] = {}
+    answered: set[str] = set()  # services that have answered on their port (``answering``)
     shared = shared_cores_env(plan.processes)
     try:
         for proc in plan.processes:
@@ -176,9 +177,11 @@ def _supervise(plan: LaunchPlan, poll_interval: float, on_tick, on_note, interru
                 ended = running.pop(role)
                 on_note(f"warning: role '{role}' exited with code {ended.returncode}; the run goes on without it "
                         f"(log: {procs[role].log})")
+            answered.update(r for r, p in running.items() if procs[r].service and procs[r].port is not None
+                            and r not in answered and p.poll() is None and answering(procs[r].port, timeout=0.1))
             failed = _failed(procs, running)
             if failed:
-                return _failure(procs, running, failed)
+                return _failure(procs, running, failed, answered)
             workers = [r for r, p in procs.items() if not p.service and r in running]
             if workers and all(running[r].poll() == 0 for r in workers):
                 _stop(running)
@@ -201,8 +204,9 @@ SETTLE_SECONDS = 10.0
 may take to fail too before being stopped: a dead inference server makes the orchestrator fail
 within a second or two, and the server is the role to report; the inference role itself needs a
 few seconds more to see its server's death and stop what is left of it (measured up to 4 s on 2
-busy cores). With no service running there is nothing such a wait could find, nor when every
-running service answers on its port (``answering``): the failure is then the role's own."""
+busy cores). There is nothing such a wait could find with no service running, nor when each
+running service on a known port either answers on it (``answering``) or never has (it was still
+starting: its clients were waiting for it, not failing on it). The failure is then the role's own."""
 
 
 def answering(port: int | None, timeout: float = 0.5) -> bool:
@@ -229,15 +233,14 @@ def _failed(procs: dict[str, RoleProcess], running: dict[str, subprocess.Popen])
             if popen.poll() is not None and (popen.returncode != 0 or procs[role].service)]
 
 
-def _failure(procs: dict[str, RoleProcess], running: dict[str, subprocess.Popen], failed: list[str]) -> Outcome:
+def _failure(procs: dict[str, RoleProcess], running: dict[str, subprocess.Popen], failed: list[str],
+             answered: set[str]) -> Outcome:
     deadline = time.monotonic() + SETTLE_SECONDS
 
-    def services() -> list[str]:
-        return [r for r, p in running.items() if procs[r].service and p.poll() is None]
-
     def settling() -> bool:
-        alive = services()
-        return bool(alive) and not all(answering(procs[r].port) for r in alive)
+        """Whether a running service may be dying: its port unknown, or silent after answering."""
+        return any(procs[r].port is None or (r in answered and not answering(procs[r].port))
+                   for r, p in running.items() if procs[r].service and p.poll() is None)
 
     while time.monotonic() < deadline and not any(procs[r].service for r in failed) and settling():
         time.sleep(0.1)
