@@ -129,6 +129,34 @@ def test_bf16_weights_step_in_place_as_adamw_in_float32_rounded(max_norm):
                 assert float(mine.state[a]["step"]) == float(optimizer.state[b]["step"]) == step + 1
 
 
+@kernel_test
+def test_plain_weights_step_the_model_in_place_or_leave_the_step_to_the_trainer():
+    """``one_process.PlainWeights`` (bf16 weights, no master): its update hook runs the fused
+    step over the model's own parameters (tied ones once) and takes their gradients; a weight
+    of another dtype leaves the clipping and the step to the trainer (``None``)."""
+    from prime_plugin_fsdp.one_process import PlainWeights
+
+    params = [torch.nn.Parameter(m.detach().to(torch.bfloat16)) for m in _masters(1)]
+    model = torch.nn.ParameterList(params + [params[0]])  # the first one tied
+    weights = PlainWeights(model)
+    assert [id(p) for p in weights.masters] == [id(p) for p in params] and not weights.copies
+    before = [p.detach().clone() for p in params]
+    grads = _grads(2, torch.bfloat16, 1.0)
+    for param, grad in zip(params, grads, strict=True):
+        param.grad = grad
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    norm = weights.update(model, optimizer, 1.0)
+    torch.testing.assert_close(norm.double(), _norm(grads), rtol=1e-6, atol=0)
+    assert all(p.grad is None for p in params)
+    assert all(not torch.equal(p, b) for p, b in zip(params, before, strict=True))
+    assert optimizer.state[params[0]]["exp_avg"].dtype == torch.bfloat16
+
+    mixed = [torch.nn.Parameter(torch.zeros(4, device=DEVICE)), torch.nn.Parameter(params[1].detach().clone())]
+    other = PlainWeights(torch.nn.ParameterList(mixed))
+    assert other.update(None, torch.optim.AdamW(mixed, lr=1e-2), 1.0) is None
+    assert "one dtype" in other.fused[next(iter(other.fused))]
+
+
 def _bf16_close(got, want, what: str, step_size: float, other_order: bool) -> None:
     """bfloat16 tensors equal but for roundings the other way. The same formula (``other_order``
     false): at most one unit in the last place apart (a millionth of the largest value, near
