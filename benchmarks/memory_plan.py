@@ -14,6 +14,7 @@ device from a ``config.json``; nothing is loaded).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import tempfile
@@ -68,7 +69,8 @@ def recorded_runs(models: Path) -> list[dict]:
         samples = int(r["tokens_per_step"] // r["seq_len"]) if "tokens_per_step" in r else r.get("devices", 1)
         runs.append({"label": f"{r['kind']} {r['config']} ({r.get('device_call')})", "model": {"impl": "hf", **keys},
                      "folder": dense, "seq_len": r["seq_len"], "samples": samples, "gpus": r.get("devices", 1),
-                     "peak": r.get("peak_memory_gib"), "device": r.get("device_memory_gib", 139.8)})
+                     "peak": r.get("peak_memory_gib"), "device": r.get("device_memory_gib", 139.8),
+                     "head_recomputed": "lm_head" not in r})
     for line in (RESULTS / "parallel_h200.jsonl").read_text().splitlines():
         r = json.loads(line)
         if (r["config"], r["devices"]) in EXCLUDED:
@@ -90,7 +92,7 @@ def recorded_runs(models: Path) -> list[dict]:
         runs.append({"label": f"{r['kind']} {r['config']} {r.get('model', '')}".strip(), "model": keys,
                      "folder": folder, "seq_len": r["seq_len"], "samples": int(r["tokens_per_step"] // r["seq_len"]),
                      "gpus": r["devices"], "peak": r.get("peak_memory_gib"),
-                     "device": r.get("device_memory_gib", 139.8)})
+                     "device": r.get("device_memory_gib", 139.8), "head_recomputed": "lm_head" not in r})
     return runs
 
 
@@ -108,12 +110,27 @@ def compare(models: Path) -> list[dict]:
 
     rows = []
     for run in recorded_runs(models):
-        prediction = predict(trainer_config(run["folder"], run["model"], run["seq_len"], run["samples"]), "trainer",
-                             processes=run["gpus"])
+        with _head_as_run(run):
+            prediction = predict(trainer_config(run["folder"], run["model"], run["seq_len"], run["samples"]),
+                                 "trainer", processes=run["gpus"])
         error = None if run["peak"] is None else prediction.peak / GIB / run["peak"] - 1
         rows.append({**run, "predicted": prediction.peak / GIB, "needs": prediction.needs() / GIB,
                      "phase": prediction.phase, "error": error})
     return rows
+
+
+@contextlib.contextmanager
+def _head_as_run(run: dict):
+    """Rows recorded before the fused LM head kept small logits for its backward (stop 47; newer
+    rows record the ``lm_head`` they ran) are predicted as that code ran: recomputing them."""
+    from prime_plugin_fused_lm_head import chunking
+
+    budget = chunking.KEEP_BUDGET_BYTES
+    chunking.KEEP_BUDGET_BYTES = 0 if run["head_recomputed"] else budget
+    try:
+        yield
+    finally:
+        chunking.KEEP_BUDGET_BYTES = budget
 
 
 def comparison_table(rows: list[dict]) -> str:

@@ -239,10 +239,10 @@ def worker(args) -> int:
                            dtype=model["dtype"], label={**label, "seq_len": seq_len})
         fake = FakeDataConfig(batch_size=args.samples_per_group * groups, length="fixed")
         rng = random.Random(0)
+        plan = predict(config, "trainer", processes=world.size, rows=args.samples_per_group, seq_len=seq_len)
         record = {**label, "seq_len": seq_len, "build_s": build_s, "devices": world.size,
                   "params": round(sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 2),  # bf16
-                  "predicted_peak_gib": predict(config, "trainer", processes=world.size, rows=args.samples_per_group,
-                                                seq_len=seq_len).peak / GIB}
+                  "predicted_peak_gib": plan.peak / GIB, "lm_head": plan.lm_head}
         try:
             batch = meter.run_fake_steps(training, fake, seq_len, rng, loss_fn=loss_fn, max_norm=1.0)
             record.update(meter.result())

@@ -100,6 +100,7 @@ def worker(args) -> int:
     from prime_core import distributed
     from prime_core.bench import BenchConfig, BenchMeter
     from prime_core.config.checks import schema_for
+    from prime_core.memory import GIB
     from prime_core.plugins import get_plugin_manager
     from prime_core.trainer.build import start_training
     from prime_core.trainer.fake import FakeDataConfig
@@ -121,8 +122,9 @@ def worker(args) -> int:
                            dtype="bfloat16", label={"config": args.knob, "seq_len": seq_len})
         fake = FakeDataConfig(batch_size=per_rank * world.size, length="fixed")
         rng = random.Random(0)
+        plan = planned(config, world, seq_len, per_rank)
         record = {"kind": args.kind, "config": args.knob, "seq_len": seq_len, "build_s": build_s,
-                  "predicted_peak_gib": predicted_peak(config, world, seq_len, per_rank)}
+                  "predicted_peak_gib": plan.peak / GIB, "lm_head": plan.lm_head}
         try:
             meter.run_fake_steps(training, fake, seq_len, rng, loss_fn=loss_fn, max_norm=1.0)
             record.update(meter.result())
@@ -146,12 +148,12 @@ def worker(args) -> int:
     return 0
 
 
-def predicted_peak(config, world, seq_len: int, samples_per_rank: int) -> float:
-    """``prime plan``'s prediction for this run (GiB), recorded beside the measured peak."""
-    from prime_core.memory import GIB
+def planned(config, world, seq_len: int, samples_per_rank: int):
+    """``prime plan``'s prediction for this run, recorded beside the measured peak (with the LM
+    head it runs, which ``memory_plan.py compare`` reads back)."""
     from prime_core.plan import predict
 
-    return predict(config, "trainer", processes=world.size, rows=samples_per_rank, seq_len=seq_len).peak / GIB
+    return predict(config, "trainer", processes=world.size, rows=samples_per_rank, seq_len=seq_len)
 
 
 def profile(args) -> int:

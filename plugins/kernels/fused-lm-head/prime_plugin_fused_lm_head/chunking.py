@@ -12,6 +12,14 @@ little time: at a 151,936-entry vocabulary and bf16 the Triton head's chunk is s
 a matmul of 0.5 TFLOP; what they save is most of the head's memory (issue 20: at most 1 GiB
 beyond its inputs and gradients at 32k tokens)."""
 
+KEEP_BUDGET_BYTES = 4 << 30
+"""``"auto"`` keeps the forward's ``[tokens, vocab]`` logits (in the inputs' dtype) for the
+backward pass when they take at most this much (``keeps_logits``). The backward then reads them
+instead of recomputing them: one ``tokens × vocab × hidden`` matmul less, a quarter of the
+head's matmul work. 8,192 tokens of a 151,936-entry vocabulary take 2.3 GiB in bf16 and are
+kept; 16k tokens (4.6 GiB) and more are recomputed, so at 32k tokens the head still adds well
+under 1 GiB (issue 20). An int token chunk never keeps them."""
+
 VOCAB_SLICE = 8192
 """Vocabulary rows per backward tile when the backward pass walks the vocabulary in the outer
 loop: the float32 accumulator of that slice of the weight's gradient (``backward_tiles``)."""
@@ -49,6 +57,13 @@ def chunk_size_for(n_tokens: int, vocab: int, hidden: int, dtype, budget_bytes: 
                          f"budget_bytes={budget_bytes}): sizes must be positive (n_tokens may be 0)")
     fits = budget_bytes // bytes_per_token(vocab, hidden, dtype, softmax_rows)
     return max(1, min(n_tokens, fits))
+
+
+def keeps_logits(n_tokens: int, vocab: int, dtype, budget_bytes: int | None = None) -> bool:
+    """Whether ``"auto"`` keeps the whole ``[n_tokens, vocab]`` logits for the backward pass
+    (``budget_bytes``: ``KEEP_BUDGET_BYTES`` as it is when called)."""
+    budget = KEEP_BUDGET_BYTES if budget_bytes is None else budget_bytes
+    return n_tokens * vocab * int(dtype.itemsize) <= budget
 
 
 def backward_tiles(n_tokens: int, vocab: int, token_chunk: int, vocab_chunk: int) -> tuple[bool, int, int]:

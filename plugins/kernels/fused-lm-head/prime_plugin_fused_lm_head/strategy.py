@@ -31,10 +31,17 @@ def apply(model, *, config, **_):
 
 
 def memory(est, config) -> None:
-    """``prime plan``: no logits; one chunk's working set (``chunking.bytes_per_token`` times
-    the chunk, the Triton kernels' on GPUs unless ``kernels.lm_head`` picks the PyTorch ones)
-    plus the float32 gradient accumulators of the backward pass (``chunking.accumulator_bytes``)."""
-    from prime_plugin_fused_lm_head.chunking import DEFAULT_BUDGET_BYTES, accumulator_bytes, bytes_per_token
+    """``prime plan``: no full logits unless ``"auto"`` keeps them (``chunking.keeps_logits``);
+    one chunk's working set (``chunking.bytes_per_token`` times the chunk, the Triton kernels' on
+    GPUs unless ``kernels.lm_head`` picks the PyTorch ones) plus the float32 gradient accumulators
+    of the backward pass (``chunking.accumulator_bytes``). Kept logits replace both for the
+    Triton kernels (one tile, worked in place) and come on top of them for the PyTorch ones."""
+    from prime_plugin_fused_lm_head.chunking import (
+        DEFAULT_BUDGET_BYTES,
+        accumulator_bytes,
+        bytes_per_token,
+        keeps_logits,
+    )
 
     setting = config.fused_lm_head_token_chunk_size
     rows = 2 if config.kernels.get("lm_head", "fused") == "fused_torch" else 0
@@ -42,11 +49,19 @@ def memory(est, config) -> None:
     class _Dtype:  # chunking reads only the itemsize
         itemsize = est.compute_bytes
 
+    def kept(e) -> bool:
+        return setting == "auto" and keeps_logits(e.tokens, e.vocab, _Dtype)
+
     def head(e) -> float:
+        logits = float(e.tokens * e.vocab * est.compute_bytes) if kept(e) else 0.0
+        if logits and not rows:
+            return logits + 16.0 * e.tokens
         per_token = bytes_per_token(e.vocab, e.hidden, _Dtype, rows)
         # At least 1: a plan for zero tokens still sizes a chunk.
         chunk = max(1, min(e.tokens, setting if isinstance(setting, int) else DEFAULT_BUDGET_BYTES // per_token))
-        return chunk * per_token + accumulator_bytes(e.tokens, e.vocab, e.hidden, chunk, e.vocab) + 16.0 * e.tokens
+        return (logits + chunk * per_token + accumulator_bytes(e.tokens, e.vocab, e.hidden, chunk, e.vocab)
+                + 16.0 * e.tokens)
 
     est.lm_head = head
-    est.lm_head_name = f"fused ({'auto' if setting == 'auto' else setting} token chunks)"
+    est.lm_head_name = (f"fused ({'auto' if setting == 'auto' else setting} token chunks"
+                        f"{', logits kept for backward' if kept(est) else ''})")

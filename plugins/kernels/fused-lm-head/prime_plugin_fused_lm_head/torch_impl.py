@@ -1,9 +1,11 @@
 """``lm_head:fused`` in plain PyTorch: per-token log-probabilities and entropies straight from
 the hidden states, a chunk of tokens (and optionally of vocabulary rows) at a time.
 
-Runs on any device and dtype. The full ``[N, V]`` logits never exist: the forward pass keeps
-one log-sum-exp per token, and the backward pass recomputes each chunk's logits from
-``hidden`` and ``weight``. See ``fused_logprobs``.
+Runs on any device and dtype. The forward pass keeps one log-sum-exp per token, and the
+backward pass recomputes each chunk's logits from ``hidden`` and ``weight``; with
+``token_chunk = "auto"`` and logits small enough (``chunking.keeps_logits``: 8k tokens of a
+150k vocabulary), it keeps the forward's logits in the inputs' dtype instead and the backward
+reads them. See ``fused_logprobs``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import functools
 
 import torch
 
-from prime_plugin_fused_lm_head.chunking import backward_tiles, chunk_size_for
+from prime_plugin_fused_lm_head.chunking import backward_tiles, chunk_size_for, keeps_logits
 
 
 def fused_logprobs(hidden, weight, targets, temperature=1.0, *, token_chunk, vocab_chunk=None, with_entropy=True,
@@ -26,7 +28,10 @@ def fused_logprobs(hidden, weight, targets, temperature=1.0, *, token_chunk, voc
       flows into it).
     - ``token_chunk``: tokens per chunk, or ``"auto"`` (``chunk_size_for`` with its default
       budget); ``vocab_chunk``: vocabulary rows per step inside a chunk (online log-sum-exp
-      and entropy), ``None`` for the whole vocabulary at once.
+      and entropy), ``None`` for the whole vocabulary at once. ``"auto"`` with the whole
+      vocabulary also keeps the ``[N, V]`` logits in the inputs' dtype for the backward pass
+      when they fit ``chunking.KEEP_BUDGET_BYTES`` (one matmul less; the same numbers, since
+      the recomputation would give the same logits).
 
     Returns ``(logp [N], entropy [N] or None)`` in float32 (float64 for float64 inputs; the
     softmax math runs in that dtype). Gradients reach ``hidden`` and ``weight`` through
@@ -49,7 +54,12 @@ def fused_logprobs(hidden, weight, targets, temperature=1.0, *, token_chunk, voc
                          f"{targets.dtype} {tuple(targets.shape)}")
     if vocab_chunk is None:
         vocab_chunk = vocab
-    if token_chunk == "auto":
+    keep = (token_chunk == "auto" and isinstance(vocab_chunk, int) and vocab_chunk >= vocab
+            and keeps_logits(n, vocab, hidden.dtype))
+    if keep and not blocks.softmax_rows:
+        # The kernels work on the kept logits in place: nothing per chunk, so one chunk.
+        token_chunk = max(1, n)
+    elif token_chunk == "auto":
         token_chunk = chunk_size_for(n, min(vocab, vocab_chunk), width, hidden.dtype,
                                      softmax_rows=blocks.softmax_rows)
     if not isinstance(token_chunk, int) or token_chunk < 1 or not isinstance(vocab_chunk, int) or vocab_chunk < 1:
@@ -60,7 +70,7 @@ def fused_logprobs(hidden, weight, targets, temperature=1.0, *, token_chunk, voc
     torch._assert_async(((targets >= 0) & (targets < vocab)).all(),
                         f"fused_logprobs: a target is outside the vocabulary [0, {vocab})")
     logp, entropy = _FusedLogProbs.apply(hidden, weight, targets, _temperature(temperature, n, hidden, blocks),
-                                         token_chunk, vocab_chunk, with_entropy, blocks)
+                                         token_chunk, vocab_chunk, with_entropy, blocks, keep)
     return logp, (entropy if with_entropy else None)
 
 
@@ -94,10 +104,10 @@ def _spans(total, step):
         yield start, min(total, start + step)
 
 
-def _scaled_logits(h, w, temperature):
+def _scaled_logits(h, w, temperature, logits=None):
     # The matmul stays in the inputs' dtype (bf16 tensor cores); everything after it is in
-    # the softmax dtype, on a fresh tensor that can be modified in place.
-    x = (h @ w.T).to(_softmax_dtype(h.dtype))
+    # the softmax dtype, on a fresh tensor that can be modified in place (a copy of kept logits).
+    x = (h @ w.T).to(_softmax_dtype(h.dtype)) if logits is None else logits.to(_softmax_dtype(h.dtype), copy=True)
     if isinstance(temperature, torch.Tensor):
         return x.div_(temperature[:, None])
     return x.div_(temperature) if temperature != 1.0 else x
@@ -145,20 +155,21 @@ class TorchBlocks:
     tensor_temperature = False
 
     @staticmethod
-    def stats(h, w, temperature, targets, start, with_entropy):
+    def stats(h, w, temperature, targets, start, with_entropy, logits=None):
         """``(max, Σ exp, Σ exp·(x − max))`` per token of ``x = h @ w.T / T`` (the vocabulary
-        slice at ``start``), and each token's scaled target logit (0 where the target lies
-        outside the slice)."""
-        x = _scaled_logits(h, w, temperature)
+        slice at ``start``; ``logits``: ``h @ w.T`` already made, left unchanged), and each
+        token's scaled target logit (0 where the target lies outside the slice)."""
+        x = _scaled_logits(h, w, temperature, logits)
         columns, inside = _target_columns(targets, start, w.shape[0])
         target_logit = x.gather(1, columns)[:, 0].masked_fill_(~inside, 0)
         return _chunk_stats(x, with_entropy), target_logit
 
     @staticmethod
-    def grad(h, w, temperature, targets, start, lse, coef):
+    def grad(h, w, temperature, targets, start, lse, coef, logits=None):
         """``d logp / d logits · upstream = (onehot(target) − exp(x − lse)) · coef`` for the
-        slice at ``start`` (``coef = upstream / T``), in the inputs' dtype."""
-        x = _scaled_logits(h, w, temperature)
+        slice at ``start`` (``coef = upstream / T``), in the inputs' dtype; from ``logits``
+        when the forward kept them."""
+        x = _scaled_logits(h, w, temperature, logits)
         x.sub_(lse[:, None]).exp_().mul_(-coef[:, None])
         columns, inside = _target_columns(targets, start, w.shape[0])
         x.scatter_add_(1, columns, coef.masked_fill(~inside, 0)[:, None])
@@ -167,7 +178,7 @@ class TorchBlocks:
 
 class _FusedLogProbs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, token_chunk, vocab_chunk, with_entropy, blocks):
+    def forward(ctx, hidden, weight, targets, temperature, token_chunk, vocab_chunk, with_entropy, blocks, keep):
         n, vocab = hidden.shape[0], weight.shape[0]
         dtype = _softmax_dtype(hidden.dtype)
         logp = torch.empty(n, dtype=dtype, device=hidden.device)
@@ -176,12 +187,15 @@ class _FusedLogProbs(torch.autograd.Function):
         # Under autocast the forward matmul would run in another dtype than the recomputation
         # in backward (which autocast does not cover), and the softmax would not sum to one.
         with torch.autocast(hidden.device.type, enabled=False):
+            # One matmul for all tokens; the backward's tiles read it (the whole vocabulary).
+            kept = hidden @ weight.T if keep else None
             for t0, t1 in _spans(n, token_chunk):
                 h, rows = hidden[t0:t1], targets[t0:t1]
                 temp = _temperature_rows(temperature, t0, t1)
                 state, target_logit = None, None
                 for v0, v1 in _spans(vocab, vocab_chunk):
-                    part, picked = blocks.stats(h, weight[v0:v1], temp, rows, v0, with_entropy)
+                    logits = None if kept is None else kept[t0:t1, v0:v1]
+                    part, picked = blocks.stats(h, weight[v0:v1], temp, rows, v0, with_entropy, logits)
                     # Exactly one slice holds each target; the others contribute zeros.
                     target_logit = picked if target_logit is None else target_logit.add_(picked)
                     state = _merge(state, part)
@@ -193,7 +207,7 @@ class _FusedLogProbs(torch.autograd.Function):
                     # H = lse - E_p[x] = log s - E_p[x - m]
                     entropy[t0:t1] = log_s - a / s
         tensor_temperature = temperature if isinstance(temperature, torch.Tensor) else None
-        ctx.save_for_backward(hidden, weight, targets, lse, tensor_temperature)
+        ctx.save_for_backward(hidden, weight, targets, lse, tensor_temperature, kept)
         ctx.temperature = None if tensor_temperature is not None else temperature
         ctx.chunks = (token_chunk, vocab_chunk)
         ctx.blocks = blocks
@@ -202,11 +216,13 @@ class _FusedLogProbs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logp, _grad_entropy):
-        hidden, weight, targets, lse, temperature = ctx.saved_tensors
+        # Kept logits are overwritten by their gradient (Triton) and so serve one backward
+        # pass: a second one fails in autograd's check of the saved tensors' versions.
+        hidden, weight, targets, lse, temperature, kept = ctx.saved_tensors
         if temperature is None:
             temperature = ctx.temperature
         need_hidden, need_weight = ctx.needs_input_grad[:2]
-        none = (None,) * 6
+        none = (None,) * 7
         if not (need_hidden or need_weight):
             return (None, None, *none)
         token_chunk, vocab_chunk = ctx.chunks
@@ -223,7 +239,8 @@ class _FusedLogProbs(torch.autograd.Function):
                 h, w, rows = hidden[t0:t1], weight[v0:v1], targets[t0:t1]
                 temp = _temperature_rows(temperature, t0, t1)
                 coef = grad_logp[t0:t1].to(dtype) / temp
-                g = ctx.blocks.grad(h, w, temp, rows, v0, lse[t0:t1], coef)
+                g = ctx.blocks.grad(h, w, temp, rows, v0, lse[t0:t1], coef,
+                                    None if kept is None else kept[t0:t1, v0:v1])
                 grad_hidden.add((t0, t1), g, w, last=v1 == vocab)
                 grad_weight.add((v0, v1), g.T, h, last=t1 == n)
                 del g

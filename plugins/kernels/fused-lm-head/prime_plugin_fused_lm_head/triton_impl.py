@@ -12,7 +12,9 @@ reads and writes several float32 copies of the ``[chunk, vocab]`` logits:
 
 So a chunk holds one row of logits in the input dtype instead of two float32 rows
 (``chunking.bytes_per_token(softmax_rows=0)``): at bf16 a quarter of the memory, or chunks
-four times longer for the same budget. The numbers are the PyTorch implementation's (same
+four times longer for the same budget. When ``"auto"`` keeps the logits
+(``chunking.keeps_logits``), both kernels run once over all of them and the gradient is
+written over the kept logits, so the backward pass is two matmuls. The numbers are the PyTorch implementation's (same
 bf16 logits, same float32 softmax), which ``tests/test_triton_impl.py`` checks, with the
 float64 reference, through Triton's interpreter on a CPU and compiled on a GPU.
 """
@@ -58,8 +60,8 @@ class TritonBlocks:
     tensor_temperature = True  # the kernels read one temperature per token
 
     @staticmethod
-    def stats(h, w, temperature, targets, start, with_entropy):
-        logits = _logits(h, w)
+    def stats(h, w, temperature, targets, start, with_entropy, logits=None):
+        logits = _logits(h, w) if logits is None else logits
         rows, width = logits.shape
         dtype = torch.promote_types(h.dtype, torch.float32)
         m, s, target_logit = (torch.empty(rows, dtype=dtype, device=h.device) for _ in range(3))
@@ -71,13 +73,17 @@ class TritonBlocks:
         return (m, s, a if with_entropy else None), target_logit
 
     @staticmethod
-    def grad(h, w, temperature, targets, start, lse, coef):
-        logits = _logits(h, w)
+    def grad(h, w, temperature, targets, start, lse, coef, logits=None):
+        # Recomputed logits, or the forward's kept ones: either way overwritten in place.
+        logits = _logits(h, w) if logits is None else logits
         rows, width = logits.shape
         if rows:
             grid = (rows, _cdiv(width, BLOCK))
             _kernels().grad[grid](logits, logits.stride(0), temperature.contiguous(), targets.contiguous(), start,
                                   width, lse.contiguous(), coef.contiguous(), BLOCK=BLOCK)
+            # A kernel's store is invisible to autograd: say so, or a second backward would take
+            # this gradient for the kept logits.
+            torch.autograd.graph.increment_version(logits)
         return logits
 
 

@@ -9,6 +9,7 @@ from prime_plugin_fused_lm_head.chunking import (
     backward_tiles,
     bytes_per_token,
     chunk_size_for,
+    keeps_logits,
 )
 
 
@@ -72,3 +73,12 @@ def test_backward_tiles_keep_the_smaller_accumulator():
     for n in (1, 9_000, 40_000, 151_936):
         _, tokens, vocab = backward_tiles(n, 151_936, 870, 151_936)
         assert tokens * vocab <= 870 * 151_936
+
+
+def test_auto_keeps_the_logits_of_8k_tokens_not_of_16k():
+    # Qwen3's vocabulary in bf16: 2.3 GiB at 8k tokens, 4.6 GiB at 16k (the budget is 4 GiB).
+    assert keeps_logits(8192, 151_936, torch.bfloat16)
+    assert not keeps_logits(16_384, 151_936, torch.bfloat16)
+    assert not keeps_logits(8192, 151_936, torch.float32)
+    assert keeps_logits(100, 1000, torch.bfloat16, budget_bytes=200_000)
+    assert not keeps_logits(100, 1000, torch.bfloat16, budget_bytes=199_999)

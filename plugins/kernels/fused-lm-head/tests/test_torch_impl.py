@@ -171,6 +171,33 @@ def test_logits_never_exist_in_full():
     assert mode.largest == token_chunk * vocab_chunk > max(vocab * width, n * width)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_auto_keeps_small_logits_for_the_backward_with_the_same_results(monkeypatch, dtype):
+    from prime_plugin_fused_lm_head import chunking
+
+    n, vocab = 40, 300
+    check_against_reference(fused_logprobs, n, vocab, 16, dtype, True, "auto", None, seed=4)
+    hidden, weight, targets, temperature, upstream = make_inputs(n, vocab, 16, dtype, True, seed=5)
+    results = []
+    # Kept (the default budget), recomputed (no budget), and an int chunk, which never keeps them.
+    default = chunking.KEEP_BUDGET_BYTES
+    for budget, chunk, kept in ((default, "auto", 1), (0, "auto", 0), (default, n, 0)):
+        monkeypatch.setattr(chunking, "KEEP_BUDGET_BYTES", budget)
+        logp, entropy = fused_logprobs(hidden, weight, targets, temperature, token_chunk=chunk)
+        saved = [t for t in logp.grad_fn.saved_tensors if t is not None]
+        assert [t.dtype for t in saved if t.shape == (n, vocab)] == [dtype] * kept
+        del saved
+        grads = torch.autograd.grad((logp * upstream).sum(), (hidden, weight), retain_graph=True)
+        # The PyTorch blocks read a copy of the kept logits: a second backward gives the same.
+        torch.testing.assert_close(torch.autograd.grad((logp * upstream).sum(), (hidden, weight)), grads,
+                                   rtol=0, atol=0)
+        results.append((logp, entropy, *grads))
+    # One chunk either way here, so the same matmuls: the same bits.
+    for got in results[1:]:
+        for a, b in zip(got, results[0], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_rejects_bad_arguments():
     hidden, weight, targets, _, _ = make_inputs(4, 10, 8, torch.float32, False, seed=1)
     with pytest.raises(RuntimeError, match="outside the vocabulary"):

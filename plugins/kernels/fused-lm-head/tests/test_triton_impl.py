@@ -25,6 +25,7 @@ test_in_the_triton_interpreter = interpreter_rerun(__file__)
     (7, 300, 32, 3, 7),
     (16, 4500, 16, 6, None),   # more than one BLOCK of columns per row
     (9, 4300, 8, "auto", 2100),  # vocabulary slices that straddle blocks
+    (33, 4500, 16, "auto", None),  # the logits kept for the backward and worked in place
 ])
 def test_matches_reference(n, vocab, width, token_chunk, vocab_chunk, dtype):
     for per_token in (False, True):
@@ -41,6 +42,19 @@ def test_backward_tiles_in_either_order(monkeypatch):
     for n, vocab, token_chunk, vocab_chunk in ((30, 2500, 4, None), (30, 2500, 4, 2100), (300, 250, 90, 100)):
         check_against_reference(triton_impl.fused_logprobs, n, vocab, 8, torch.bfloat16, True, token_chunk,
                                 vocab_chunk, seed=n, device=DEVICE)
+
+
+@kernel_test
+def test_kept_logits_serve_one_backward():
+    hidden, weight, targets, temperature, upstream = make_inputs(6, 50, 8, torch.float32, True, seed=2)
+    hidden, weight = (t.detach().to(DEVICE).requires_grad_() for t in (hidden, weight))
+    targets, temperature, upstream = targets.to(DEVICE), temperature.to(DEVICE), upstream.to(DEVICE)
+    logp, _ = triton_impl.fused_logprobs(hidden, weight, targets, temperature, token_chunk="auto")
+    assert any(t is not None and t.shape == (6, 50) for t in logp.grad_fn.saved_tensors)
+    torch.autograd.grad((logp * upstream).sum(), (hidden, weight), retain_graph=True)
+    # Their gradient was written over them: autograd refuses a second pass instead of using it.
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad((logp * upstream).sum(), (hidden, weight))
 
 
 @kernel_test
