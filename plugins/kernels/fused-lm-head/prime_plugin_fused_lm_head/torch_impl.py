@@ -54,7 +54,9 @@ def fused_logprobs(hidden, weight, targets, temperature=1.0, *, token_chunk, voc
                          f"{targets.dtype} {tuple(targets.shape)}")
     if vocab_chunk is None:
         vocab_chunk = vocab
-    keep = (token_chunk == "auto" and isinstance(vocab_chunk, int) and vocab_chunk >= vocab
+    # Kept only for a backward pass: without one they would only raise the forward's peak.
+    backward = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    keep = (backward and token_chunk == "auto" and isinstance(vocab_chunk, int) and vocab_chunk >= vocab
             and keeps_logits(n, vocab, hidden.dtype))
     if keep and not blocks.softmax_rows:
         # The kernels work on the kept logits in place: nothing per chunk, so one chunk.

@@ -196,6 +196,18 @@ def test_auto_keeps_small_logits_for_the_backward_with_the_same_results(monkeypa
     for got in results[1:]:
         for a, b in zip(got, results[0], strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # Without a backward pass nothing is kept (it would only raise the forward's peak).
+    from prime_plugin_fused_lm_head import torch_impl
+
+    monkeypatch.setattr(chunking, "KEEP_BUDGET_BYTES", default)
+    apply, kept = torch_impl._FusedLogProbs.apply, []
+    monkeypatch.setattr(torch_impl._FusedLogProbs, "apply", lambda *args: kept.append(args[-1]) or apply(*args))
+    fused_logprobs(hidden, weight, targets, temperature, token_chunk="auto")
+    with torch.no_grad():
+        no_grad = fused_logprobs(hidden, weight, targets, temperature, token_chunk="auto")[0]
+    fused_logprobs(hidden.detach(), weight.detach(), targets, temperature, token_chunk="auto")
+    assert kept == [True, False, False]
+    torch.testing.assert_close(no_grad, results[0][0], rtol=0, atol=0)
 
 
 def test_rejects_bad_arguments():
