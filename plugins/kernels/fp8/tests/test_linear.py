@@ -143,8 +143,12 @@ def test_linears_of_one_input_as_a_group_are_the_separate_linears(fp8_wgrad):
         return [*outs, xs.grad, *(torch.zeros_like(p) if p.grad is None else p.grad for p in params)], saved
 
     (grouped, saved), (separate, saved_separately) = run(True), run(False)
+    # The same values up to float32's summation order: the group's input gradient is one matmul
+    # over the concatenated dy, the separate ones a sum of three, and a BLAS may block a wider
+    # matmul differently (2e-6 apart on one CPU, bit for bit on another). Nothing here is
+    # quantised after a matmul, so no FP8 rounding can tip.
     for got, want in zip(grouped, separate, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert len(saved) == len(saved_separately) - 2 * (2 if fp8_wgrad else 1)
 
 
