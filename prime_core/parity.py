@@ -186,7 +186,11 @@ def too_few_gpus(processes: int) -> bool:
 def run(model_dir, out_dir: Path, cases: list[dict], *, processes: int = 1, reference: bool = False,
         save_ckpt: bool = False, load_ckpt: bool = False, timeout: float = 600, cpu: bool = False) -> None:
     """Run ``cases`` in ``processes`` gloo/NCCL processes (torchrun) or as the reference; on the
-    CPU with gloo, GPUs hidden, when ``cpu``."""
+    CPU with gloo, GPUs hidden, when ``cpu``.
+
+    The reference runs in this process (``run_here``) unless GPUs are to be hidden: it builds no
+    strategy that needs a process group, and a fresh interpreter would spend most of its time
+    importing torch and transformers (about 8 of a tiny reference's 10 seconds on 2 cores)."""
     import os
     import subprocess
     import sys
@@ -195,6 +199,9 @@ def run(model_dir, out_dir: Path, cases: list[dict], *, processes: int = 1, refe
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if reference and processes == 1 and not cpu:
+        run_here(model_dir, out_dir, cases, reference=True, save_ckpt=save_ckpt, load_ckpt=load_ckpt)
+        return
     spec = out_dir / f"cases-{processes}-{'ref' if reference else 'run'}.json"
     spec.write_text(json.dumps(cases))
     command = [*python_command(processes), "-m", "prime_core.parity", str(model_dir), str(out_dir), str(spec)]
@@ -242,6 +249,36 @@ def check(model_dir, out_dir: Path, cases: list[dict], *, processes: int, **tole
     return results
 
 
+def run_cases(cases: list[dict], model_dir, out_dir: Path, *, reference: bool, save_ckpt: bool, load_ckpt: bool,
+              world) -> None:
+    """Each case in turn; a float32 reference also runs in float64 (the exact answer)."""
+    for case in cases:
+        run_case(case, str(model_dir), out_dir, reference=reference, save_ckpt=save_ckpt, load_ckpt=load_ckpt,
+                 world=world)
+        if reference and not load_ckpt and case.get("model", {}).get("dtype", "float32") == "float32":
+            run_case(case, str(model_dir), out_dir, reference=True, save_ckpt=False, load_ckpt=False, world=world,
+                     exact=True)
+        if world.main:
+            print(f"parity case {case['name']}: done", flush=True)
+
+
+def run_here(model_dir, out_dir: Path, cases: list[dict], **flags) -> None:
+    """``run_cases`` in this process, as one process; the caller's random state is restored
+    and a process group the cases started (none for a reference) is torn down."""
+    import torch
+    import torch.distributed as dist
+
+    from prime_core import distributed
+
+    had_group = dist.is_available() and dist.is_initialized()
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+        try:
+            run_cases(cases, model_dir, Path(out_dir), world=distributed.init(), **flags)
+        finally:
+            if not had_group and dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m prime_core.parity")
     parser.add_argument("model_dir")
@@ -256,14 +293,8 @@ def main(argv: list[str] | None = None) -> int:
 
     world = distributed.init()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    for case in json.loads(args.cases.read_text()):
-        run_case(case, args.model_dir, args.out_dir, reference=args.reference, save_ckpt=args.save_ckpt,
-                 load_ckpt=args.load_ckpt, world=world)
-        if args.reference and not args.load_ckpt and case.get("model", {}).get("dtype", "float32") == "float32":
-            run_case(case, args.model_dir, args.out_dir, reference=True, save_ckpt=False, load_ckpt=False,
-                     world=world, exact=True)
-        if world.main:
-            print(f"parity case {case['name']}: done", flush=True)
+    run_cases(json.loads(args.cases.read_text()), args.model_dir, args.out_dir, reference=args.reference,
+              save_ckpt=args.save_ckpt, load_ckpt=args.load_ckpt, world=world)
     distributed.shutdown()
     return 0
 
