@@ -188,9 +188,9 @@ def run(model_dir, out_dir: Path, cases: list[dict], *, processes: int = 1, refe
     """Run ``cases`` in ``processes`` gloo/NCCL processes (torchrun) or as the reference; on the
     CPU with gloo, GPUs hidden, when ``cpu``.
 
-    The reference runs in this process (``run_here``) unless GPUs are to be hidden: it builds no
-    strategy that needs a process group, and a fresh interpreter would spend most of its time
-    importing torch and transformers (about 8 of a tiny reference's 10 seconds on 2 cores)."""
+    One process (the reference, or a checkpoint resumed in one) runs in this process
+    (``run_here``) unless GPUs are to be hidden: a fresh interpreter would spend most of its
+    time importing torch and transformers (about 8 of a tiny reference's 10 seconds on 2 cores)."""
     import os
     import subprocess
     import sys
@@ -199,8 +199,8 @@ def run(model_dir, out_dir: Path, cases: list[dict], *, processes: int = 1, refe
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if reference and processes == 1 and not cpu:
-        run_here(model_dir, out_dir, cases, reference=True, save_ckpt=save_ckpt, load_ckpt=load_ckpt)
+    if processes == 1 and not cpu:
+        run_here(model_dir, out_dir, cases, reference=reference, save_ckpt=save_ckpt, load_ckpt=load_ckpt)
         return
     spec = out_dir / f"cases-{processes}-{'ref' if reference else 'run'}.json"
     spec.write_text(json.dumps(cases))
@@ -264,7 +264,7 @@ def run_cases(cases: list[dict], model_dir, out_dir: Path, *, reference: bool, s
 
 def run_here(model_dir, out_dir: Path, cases: list[dict], **flags) -> None:
     """``run_cases`` in this process, as one process; the caller's random state is restored
-    and a process group the cases started (none for a reference) is torn down."""
+    and a process group the cases started (a strategy's one-process mesh) is torn down."""
     import torch
     import torch.distributed as dist
 
