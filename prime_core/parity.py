@@ -184,13 +184,16 @@ def too_few_gpus(processes: int) -> bool:
 
 
 def run(model_dir, out_dir: Path, cases: list[dict], *, processes: int = 1, reference: bool = False,
-        save_ckpt: bool = False, load_ckpt: bool = False, timeout: float = 600, cpu: bool = False) -> None:
+        save_ckpt: bool = False, load_ckpt: bool = False, timeout: float = 600, cpu: bool = False,
+        fresh: bool = False) -> None:
     """Run ``cases`` in ``processes`` gloo/NCCL processes (torchrun) or as the reference; on the
     CPU with gloo, GPUs hidden, when ``cpu``.
 
     One process (the reference, or a checkpoint resumed in one) runs in this process
     (``run_here``) unless GPUs are to be hidden: a fresh interpreter would spend most of its
-    time importing torch and transformers (about 8 of a tiny reference's 10 seconds on 2 cores)."""
+    time importing torch and transformers (about 8 of a tiny reference's 10 seconds on 2 cores).
+    ``fresh``: a new process all the same (one that sees the environment as it is now, where
+    this process imported something under an earlier one)."""
     import os
     import subprocess
     import sys
@@ -199,7 +202,7 @@ def run(model_dir, out_dir: Path, cases: list[dict], *, processes: int = 1, refe
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if processes == 1 and not cpu:
+    if processes == 1 and not (cpu or fresh):
         run_here(model_dir, out_dir, cases, reference=reference, save_ckpt=save_ckpt, load_ckpt=load_ckpt)
         return
     spec = out_dir / f"cases-{processes}-{'ref' if reference else 'run'}.json"
