@@ -69,3 +69,18 @@ def test_a_rank_killed_by_a_signal_is_told_from_one_that_exited():
     assert killed_by_signal(segfault) == 11
     assert killed_by_signal(segfault.replace("-11", "1")) is None
     assert killed_by_signal("") is None
+
+
+def test_a_run_in_one_process_leaves_the_caller_as_it_found_it(models, tmp_path):
+    """One process trains in the caller's (``parity.run_here``): FSDP's one-process group is torn
+    down after it and the caller's random state is what it was."""
+    import torch
+    import torch.distributed as dist
+
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    run(models["dense"], tmp_path, [{"name": "fsdp_one", "model": {"dtype": "bfloat16", "reshard_after_forward": True},
+                                     "steps": 1}])
+    assert "fsdp" in torch.load(tmp_path / "fsdp_one.pt", weights_only=False)["applied"]
+    assert not dist.is_initialized()
+    assert torch.equal(torch.get_rng_state(), state)
