@@ -26,9 +26,9 @@ strategy in the applied list, and that a checkpoint written there resumes in one
 (its degrees set to 1) to the same result; and that its ``memory`` hook, when it has one, runs in
 ``prime plan``'s estimate of every case.
 
-The cases run in subprocesses (``python -m prime_core.parity`` under torchrun) and their
-single-process references in the test's own process; both load the *installed* plugins:
-install the plugin under test (``pip install -e .``) before running it.
+The cases run in subprocesses (``python -m prime_core.parity`` under torchrun); what runs in
+one process (the references, the resume) runs in the test's own. Both load the *installed*
+plugins: install the plugin under test (``pip install -e .``) before running it.
 """
 
 from __future__ import annotations
