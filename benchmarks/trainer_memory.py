@@ -185,7 +185,7 @@ def profile(args) -> int:
         rows = fake_batch(fake, args.seq_len, training.policy.hf_config.vocab_size, rng)["micro_batches"]
         marks = [time.perf_counter()]
         forward_backward(model, rows, total_loss_tokens=sum(sum(r["loss_mask"]) for r in rows), world=world,
-                         loss_fn=loss_fn)
+                         loss_fn=loss_fn, before_backward=training.policy.before_backward)
         for hook in training.policy.before_step:  # as train_step
             hook(model)
         synchronize(world.device)

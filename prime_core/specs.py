@@ -258,6 +258,10 @@ class Applied:
     before_step: Callable[..., Any] | None = None
     """``before_step(model)``: called on every rank after the step's backward passes and
     before gradient clipping (EP: reduce expert gradients across data-parallel replicas)."""
+    before_backward: Callable[..., Any] | None = None
+    """``before_backward(model, last)``: called on every rank before each backward pass of a
+    step; ``last`` is true for the step's last one, after which the gradients are final (as
+    FSDP2's ``set_is_last_backward``): work on them can start while that pass still runs."""
     update: Callable[..., Any] | None = None
     """``update(model, optimizer, max_norm)``: called on every rank after the ``before_step``
     hooks, in place of the trainer's gradient clipping and ``optimizer.step()``. It clips and

@@ -218,7 +218,7 @@ def test_the_trainer_step_trains_the_same_on_either_format(rng, tmp_path):
     rows = pack(samples, seq_len=96)
 
     def trained(batch_rows):
-        policy = SimpleNamespace(model=copy.deepcopy(model), before_step=[], update=None)
+        policy = SimpleNamespace(model=copy.deepcopy(model), before_step=[], before_backward=[], update=None)
         optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-2)
         training = SimpleNamespace(world=World(), policy=policy, optimizer=optimizer, pass_tokens=2048,
                                    scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0))

@@ -113,6 +113,13 @@ def test_train_step_reduces_loss_on_a_fixed_batch(tmp_path):
     assert after[0] > before[0] and after[1] < before[1], "positive advantage up, negative down"
     assert sums["tokens"] == 10 and math.isfinite(sums["loss"])
 
+    # Applied.before_backward: told before each backward pass whether it is the step's last.
+    heard = []
+    rows = [vars(r) for r in pack([good, bad, good], seq_len=5)]
+    forward_backward(model, rows, total_loss_tokens=sum(sum(r["loss_mask"]) for r in rows), world=World(),
+                     loss_fn=default_loss, before_backward=[lambda m, last: heard.append((m is model, last))])
+    assert heard == [(True, False), (True, False), (True, True)]
+
 
 def test_batches_are_written_atomically_and_awaited(tmp_path):
     rows = pack([sample(2, 3)], 16)

@@ -33,6 +33,8 @@ class Policy:
     ``Adapter``), set by the strategy that returned it."""
     before_step: list = field(default_factory=list)
     """``hook(model)`` calls before each gradient clipping and optimizer step (``Applied``)."""
+    before_backward: list = field(default_factory=list)
+    """``hook(model, last)`` calls before each backward pass of a step (``Applied``)."""
     update: Any = None
     """``update(model, optimizer, max_norm)``: clips and steps in place of the trainer (``Applied``)."""
     param_device: str | None = None
@@ -153,6 +155,8 @@ def build_policy(model_config, manager, world, *, reference: bool = False, role:
             policy.exporter = result.exporter or policy.exporter
             if result.before_step is not None:
                 policy.before_step.append(result.before_step)
+            if result.before_backward is not None:
+                policy.before_backward.append(result.before_backward)
             if result.update is not None:
                 if policy.update is not None:
                     raise PluginError(f"the parallel strategy '{spec.name}' and an earlier one both replace the "

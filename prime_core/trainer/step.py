@@ -91,7 +91,7 @@ def train_step(training, rows: list[dict], *, max_norm: float | None, loss_fn=No
     mine = share(rows, world.rank // cp, world.size // cp)
     queued = queue_forward_backward(training.policy.model, mine, total_loss_tokens=total, world=world,
                                     loss_fn=loss_fn, loss_kwargs=loss_kwargs, temperature=temperature,
-                                    rows_per_pass=stacked)
+                                    rows_per_pass=stacked, before_backward=training.policy.before_backward)
     # The sums are read only after the update is queued: reading them first would leave the
     # GPU idle while the host runs the hooks and queues the clipping and the optimizer.
     for hook in training.policy.before_step:
@@ -222,19 +222,21 @@ def prediction_tensors(row: dict, device, cp_rank: int = 0, cp: int = 1):
 
 
 def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, loss_fn=None,
-                     loss_kwargs: dict | None = None, temperature: float = 1.0, rows_per_pass: int = 1) -> dict:
+                     loss_kwargs: dict | None = None, temperature: float = 1.0, rows_per_pass: int = 1,
+                     before_backward=()) -> dict:
     """Forward and backward over this rank's rows, ``rows_per_pass`` at a time; the loss is
     normalised by the loss tokens of the whole step on every rank. With ``loss_fn`` the RL
-    loss is used, otherwise the negative log-likelihood (SFT). Returns this rank's sums
-    (reduce them across ranks)."""
+    loss is used, otherwise the negative log-likelihood (SFT). ``before_backward``: the
+    policy's ``hook(model, last)`` calls (``Applied.before_backward``). Returns this rank's
+    sums (reduce them across ranks)."""
     return read_sums(*queue_forward_backward(model, rows, total_loss_tokens=total_loss_tokens, world=world,
                                              loss_fn=loss_fn, loss_kwargs=loss_kwargs, temperature=temperature,
-                                             rows_per_pass=rows_per_pass))
+                                             rows_per_pass=rows_per_pass, before_backward=before_backward))
 
 
 def queue_forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, loss_fn=None,
                            loss_kwargs: dict | None = None, temperature: float = 1.0,
-                           rows_per_pass: int = 1) -> tuple[dict, float]:
+                           rows_per_pass: int = 1, before_backward=()) -> tuple[dict, float]:
     """``forward_backward`` without waiting for the device: its sums as device tensors, and
     the tokens computed; ``read_sums`` reads them."""
     from prime_core.trainer.model import predicted_logprobs
@@ -266,6 +268,8 @@ def queue_forward_backward(model, rows: list[dict], *, total_loss_tokens: int, w
                 kwargs["teacher_logprobs"] = t["teacher_logprobs"]
             per_token, extra = call_loss(loss_fn, logp, t["inference_logprobs"], t["advantages"], kwargs)
         loss = (per_token * mask).sum() * scale
+        for hook in before_backward:
+            hook(model, start + rows_per_pass >= len(rows))
         loss.backward()
         parts = {"loss": loss.detach().float() / world.size}
         tokens += sum(len(row["input_ids"]) for row in group if not row.get("padding")) / cp
