@@ -51,7 +51,7 @@ def _store_as(pointer, offs, value, inside, dtype: tl.constexpr, MASKED: tl.cons
 
 @triton.jit
 def _update(row, offs, inside, clip, lr_decay, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps,
-            GRAD: tl.constexpr, PARAM: tl.constexpr, COPY: tl.constexpr, MASKED: tl.constexpr):
+            GRAD: tl.constexpr, PARAM: tl.constexpr, COPY: tl.constexpr, MASKED: tl.constexpr, ROUNDED: tl.constexpr):
     p_ptr = _aligned(tl.load(row + P), PARAM)
     m_ptr = _aligned(tl.load(row + M), PARAM)
     v_ptr = _aligned(tl.load(row + V), PARAM)
@@ -61,8 +61,11 @@ def _update(row, offs, inside, clip, lr_decay, one_minus_beta1, beta2, one_minus
     v = _load(v_ptr, offs, inside, MASKED)
     m = m + one_minus_beta1 * (g - m)
     v = v * beta2 + one_minus_beta2 * (g * g)
-    denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
-    p = p - step_size * tl.div_rn(m, denom)
+    if ROUNDED:  # see adamw's docstring
+        p = p - step_size * (m / (tl.sqrt(v) / bc2_sqrt + eps))
+    else:
+        denom = tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps
+        p = p - step_size * tl.div_rn(m, denom)
     _store_as(p_ptr, offs, p, inside, PARAM, MASKED)
     _store_as(m_ptr, offs, m, inside, PARAM, MASKED)
     _store_as(v_ptr, offs, v, inside, PARAM, MASKED)
@@ -84,30 +87,32 @@ def _block(table, items, first, BLOCK: tl.constexpr):
 
 @triton.jit
 def adamw(table, items, first, clip, lr_decay, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps,
-          GRAD: tl.constexpr, PARAM: tl.constexpr, COPY: tl.constexpr, BLOCK: tl.constexpr):
+          GRAD: tl.constexpr, PARAM: tl.constexpr, COPY: tl.constexpr, BLOCK: tl.constexpr, ROUNDED: tl.constexpr):
     """One AdamW step over one ``BLOCK`` of one tensor. ``items[i]`` is the tensor of program
     ``i`` and ``first[t]`` its first program; ``table[t]`` holds the tensor's five addresses
     and its size (a zero gradient address: not stepped in this launch). The parameter and its
     moments are ``PARAM`` (the arithmetic is float32 whatever they are); ``COPY``: a bfloat16
-    compute copy is written too. Whole blocks are read without a mask: a mask against a size
+    compute copy is written too; ``ROUNDED``: the results are only kept rounded to bfloat16, so
+    division and square root may be the fast ones. Whole blocks are read without a mask: a mask against a size
     the compiler cannot see into splits every access into single elements."""
     row, start, offs, n = _block(table, items, first, BLOCK)
     inside = offs < n
     if start + BLOCK <= n:
         _update(row, offs, inside, clip, lr_decay, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps,
-                GRAD, PARAM, COPY, False)
+                GRAD, PARAM, COPY, False, ROUNDED)
     elif start < n:
         _update(row, offs, inside, clip, lr_decay, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps,
-                GRAD, PARAM, COPY, True)
+                GRAD, PARAM, COPY, True, ROUNDED)
 
 
 @triton.jit
-def squares(table, items, first, out, GRAD: tl.constexpr, BLOCK: tl.constexpr):
-    """``out[i]``: the sum of the squares, in float32, of program ``i``'s ``BLOCK`` of its tensor's
-    gradient (``table``, ``items`` and ``first`` as for ``adamw``; a zero gradient address: 0)."""
-    row, start, offs, n = _block(table, items, first, BLOCK)
+def squares(grad, n, out, BLOCK: tl.constexpr):
+    """``out[i]``: the sum of the squares, in float32, of the ``i``-th ``BLOCK`` of the ``n``
+    elements of ``grad`` (a 16-byte aligned tensor)."""
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    offs = start + tl.arange(0, BLOCK)
     inside = offs < n
-    pointer = _aligned(tl.load(row + G), GRAD)
+    pointer = tl.multiple_of(grad, 16)
     if start + BLOCK <= n:
         g = _load(pointer, offs, inside, False)
     else:

@@ -75,27 +75,36 @@ def apply(model, *, config, world):
 
     model.to(world.device)
     if plain(config):
-        return Applied(model, update=PlainWeights(model).update)
+        weights = PlainWeights(model)
+        return Applied(model, before_backward=weights.before_backward, update=weights.update)
     weights = MasterWeights(model, getattr(torch, config.dtype))
     model.register_forward_pre_hook(weights.compute)
     model.register_forward_hook(weights.after_forward)
-    return Applied(model, before_step=weights.before_step, update=weights.update)
+    return Applied(model, before_backward=weights.before_backward, before_step=weights.before_step,
+                   update=weights.update)
 
 
 class FusedUpdate:
     """What ``adamw.step`` reads besides the masters and the compute copies: each master's
-    index, the host's step counts, the launch grids; and whether each optimizer's update is
-    fused (said once, on a GPU)."""
+    index, the host's step counts, the launch grids, the gradients' squares taken in the last
+    backward pass; and whether each optimizer's update is fused (said once, on a GPU)."""
 
     def __init__(self) -> None:
         from prime_plugin_fsdp.adamw import StepCounts
+        from prime_plugin_fsdp.norms import GradientNorms
 
         self.masters: list = []
         self.copies: list = []
         self.index_of: dict[int, int] = {}
         self.fused: dict[int, str | None] = {}  # per optimizer: why its update is not fused (None: it is)
         self.step_counts = StepCounts()
+        self.norms = GradientNorms(self.masters)
         self._grid: dict = {}
+
+    def before_backward(self, _model, last: bool) -> None:
+        """``Applied.before_backward``: the norm's squares are taken in the step's last backward
+        pass once the update is known to be fused (from the second step on)."""
+        self.norms.arm(last and bool(self.fused) and all(why is None for why in self.fused.values()))
 
     def fusable(self, optimizer, what: str) -> bool:
         from prime_plugin_fsdp import adamw
@@ -127,7 +136,14 @@ class PlainWeights(FusedUpdate):
         for param in model.parameters():  # each once: tied parameters are one
             if param.requires_grad and param.is_floating_point():
                 self.index_of[id(param)] = len(self.masters)
+                param.register_post_accumulate_grad_hook(self._taker(len(self.masters)))
                 self.masters.append(param)
+
+    def _taker(self, index: int):
+        def take(param) -> None:
+            self.norms.take(index, param.grad)
+
+        return take
 
     def update(self, _model, optimizer, max_norm: float | None):
         """``Applied.update``: AdamW fused over the parameters where it can be, returning the
@@ -187,6 +203,7 @@ class MasterWeights(FusedUpdate):
                 held = self.grads[index] = self.pending[index].to(self.masters[index].dtype)
                 self.pending[index] = None
                 held.add_(grad)
+            self.norms.take(index, held if held is not None else self.pending[index])
 
         return accumulate
 

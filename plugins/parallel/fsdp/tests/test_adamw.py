@@ -23,8 +23,10 @@ class Weights:
 
     def __init__(self, masters, copies: bool = True) -> None:
         from prime_plugin_fsdp.adamw import StepCounts, grid
+        from prime_plugin_fsdp.norms import GradientNorms
 
         self.masters = masters
+        self.norms = GradientNorms(masters)
         self.copies = [m.detach().to(torch.bfloat16) for m in masters] if copies else []
         self.index_of = {id(m): i for i, m in enumerate(masters)}
         self.step_counts = StepCounts()
@@ -203,6 +205,72 @@ def test_the_norm_sums_every_gradient_whatever_its_dtype():
     got = adamw.squared_norm(Weights(_masters(6)), grads)
     torch.testing.assert_close(got.double(), _norm(grads) ** 2, rtol=1e-6, atol=0)
     torch.testing.assert_close(got, reference([g for g in grads if g is not None]), rtol=1e-5, atol=0)
+
+
+@kernel_test
+def test_squares_taken_in_the_last_backward_pass_give_the_same_norm():
+    """``norms.GradientNorms``: what the last backward pass took (``take``) and what the update
+    sums are the same partial sums, so the norm is the same bit for bit. A gradient that changed
+    after it was taken (accumulated into, replaced) is summed again, one dropped reads 0, and a
+    pass that is not the last takes nothing."""
+    from prime_plugin_fsdp.norms import GradientNorms
+
+    masters = _masters(6)
+    grads = _grads(8, torch.bfloat16, 1.0)
+    grads[2] = grads[2].float()
+    want = GradientNorms(masters).squared(list(grads))
+    torch.testing.assert_close(want.double(), _norm(grads) ** 2, rtol=1e-6, atol=0)
+
+    norms = GradientNorms(masters)
+    norms.arm(True)
+    for index, grad in enumerate(grads):
+        norms.take(index, grad)
+    assert torch.equal(norms.squared(list(grads)), want)
+
+    changed = [g.clone() for g in grads]
+    norms.arm(False)
+    for index, grad in enumerate(changed):  # an earlier micro-batch's: not final, not taken
+        norms.take(index, grad)
+    norms.arm(True)
+    for index, grad in enumerate(changed):
+        norms.take(index, grad)
+    changed[0].mul_(3)  # accumulated into after it was taken
+    changed[1] = changed[1] * 2  # replaced
+    dropped = [*changed[:3], None]
+    got = norms.squared(dropped)
+    torch.testing.assert_close(got.double(), _norm(dropped) ** 2, rtol=1e-6, atol=0)
+    assert torch.equal(got, GradientNorms(masters).squared(list(dropped)))
+
+
+@kernel_test
+@pytest.mark.parametrize("kind", ["plain", "master"])
+def test_the_last_backward_pass_takes_each_final_gradient(kind):
+    """Through the trainer's hooks: once the update is fused, the step's last backward pass
+    (``before_backward(model, last=True)``) has taken every gradient's squares when it returns,
+    earlier passes none; the update's norm is the summed gradients' (two micro-batches)."""
+    from prime_plugin_fsdp.one_process import MasterWeights, PlainWeights
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 130), torch.nn.Linear(130, 3)).to(DEVICE)
+    if kind == "plain":
+        weights = PlainWeights(model.to(torch.bfloat16))
+    else:
+        weights = MasterWeights(model, torch.bfloat16)
+        model.register_forward_pre_hook(weights.compute)
+    optimizer = torch.optim.AdamW(list(model.parameters()), lr=1e-2)
+    for step in range(2):
+        grads = []
+        for last in (False, True):
+            weights.before_backward(model, last)
+            model(torch.randn(16, 64, device=DEVICE, dtype=torch.bfloat16)).float().square().sum().backward()
+            assert len(weights.norms._taken) == (4 if last and step else 0)
+        if kind == "plain":
+            grads = [p.grad.clone() for p in weights.masters]
+        else:
+            weights.before_step()
+            grads = [g.clone() for g in weights.grads]
+        norm = weights.update(model, optimizer, 1.0)
+        torch.testing.assert_close(norm.double(), _norm(grads), rtol=1e-6, atol=0)
 
 
 @kernel_test
