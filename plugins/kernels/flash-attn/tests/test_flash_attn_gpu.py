@@ -108,7 +108,7 @@ def test_torch_flash_matches_sdpa(lengths, heads, kv_heads, dim, dtype):
 @TORCH_FUSED
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("lengths", "heads", "kv_heads", "dim"),
-                         ROWS + [([4096], 16, 8, 128), ([1, 4095], 16, 8, 128)])
+                         ROWS + [([4096], 16, 8, 128), ([1, 4095], 16, 8, 128), ([2048], 32, 4, 128)])
 def test_torch_fused_matches_sdpa(lengths, heads, kv_heads, dim, dtype):
     _check_against_sdpa(_torch_kernel("torch_fused"), lengths, heads, kv_heads, dim, dtype)
 
