@@ -65,7 +65,7 @@ for phase in "$@"; do
           || echo "knobs ($where) exited $?"
         echo "== $where"; python3 benchmarks/trainer_memory.py table --out "$dir"
       done ;;
-    moe)  # RECIPES (default: default fast-defaults); HF=1: the plain HF MoE step first; BASELINE=DIR as for master
+    moe)  # RECIPES (default: default fast-defaults); HF=1: the plain HF MoE step first; BASELINE=DIR as for master; STEPS timed (3)
       if [ -n "${HF:-}" ]; then
         timeout 150 python3 benchmarks/hf_baseline.py --moe --seq-lens 8192 --output-json "$OUT/hf_moe.json" \
           >> "$OUT/moe.log" 2>&1 || echo "hf moe baseline exited $?"
@@ -76,7 +76,7 @@ for phase in "$@"; do
         for recipe in ${RECIPES:-default fast-defaults}; do
           PYTHONPATH=${BASELINE:+$([ "$where" = baseline ] && realpath "$BASELINE")} timeout 250 python3 \
             -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/parallel_bench.py moe \
-            --ep 1 --recipe $recipe --seq-lens 8192 --samples-per-group 1 --warmup 1 --steps 3 --out "$dir" \
+            --ep 1 --recipe $recipe --seq-lens 8192 --samples-per-group 1 --warmup 1 --steps ${STEPS:-3} --out "$dir" \
             > "$dir/moe-$recipe.log" 2>&1 || echo "moe $recipe ($where) exited $?"
           echo "== $where"; grep -E "^moe " "$dir/moe-$recipe.log"
         done
