@@ -93,8 +93,8 @@ def adamw(table, items, first, clip, lr_decay, one_minus_beta1, beta2, one_minus
     and its size (a zero gradient address: not stepped in this launch). The parameter and its
     moments are ``PARAM`` (the arithmetic is float32 whatever they are); ``COPY``: a bfloat16
     compute copy is written too; ``ROUNDED``: the results are only kept rounded to bfloat16, so
-    division and square root may be the fast ones. Whole blocks are read without a mask: a mask against a size
-    the compiler cannot see into splits every access into single elements."""
+    division and square root may be the fast ones. Whole blocks are read without a mask: a mask
+    against a size the compiler cannot see into splits every access into single elements."""
     row, start, offs, n = _block(table, items, first, BLOCK)
     inside = offs < n
     if start + BLOCK <= n:

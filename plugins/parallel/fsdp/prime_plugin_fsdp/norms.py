@@ -106,4 +106,3 @@ class GradientNorms:
             self._first = [0, *itertools.accumulate(counts)][:-1]
             self._sums = torch.zeros(sum(counts), dtype=torch.float32, device=self.masters[0].device)
         return self._sums
-
