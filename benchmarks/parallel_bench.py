@@ -133,6 +133,16 @@ def kernel_table(prof, rows: int = 40) -> str:
     return "\n".join(lines + idle_table(prof))
 
 
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+"""CUDA runtime calls where the host waits for the GPU (``cudaMemcpy``: the blocking copy)."""
+
+
+def project_frames(op, count: int = 8) -> list[str]:
+    """With ``--trace`` (Python stacks recorded): ``op``'s frames outside torch, innermost first."""
+    stack = getattr(op, "stack", None) or []
+    return [f for f in stack if "site-packages/torch" not in f and "<built-in" not in f][:count]
+
+
 def idle_table(prof, rows: int = 25) -> list[str]:
     """Where the GPU waits for the host in the profiled step: its idle time between the first
     and last kernel, by what the host was doing (``host_during``), and the longest gaps."""
@@ -179,8 +189,20 @@ def idle_table(prof, rows: int = 25) -> list[str]:
             described.append(f"{gap[0] / 1e3:8.2f} ms  before {gap[3][:70]}  host in {name[:80]}")
             if len(described) <= 5:  # the longest: what the host ran meanwhile (ms of the gap, operator)
                 described.append("           during: " + "; ".join(inside(gap[1], gap[2])))
+                last = ops[bisect.bisect_right(starts, gap[2]) - 1]  # what the host was in as the GPU ran dry
+                described += ["           " + frame for frame in project_frames(last)]
     idle = sum(g[0] for g in gaps)
-    lines = [f"GPU idle {idle / 1e3:.1f} ms of {window / 1e3:.1f} ms between the step's first and last kernel "
+    syncs = sorted((e for e in host if str(e.name) in SYNCS), key=lambda e: e.time_range.start)
+    waited = sum(e.time_range.end - e.time_range.start for e in syncs) / 1e3
+    lines = [f"host waits on the GPU: {len(syncs)} calls, {waited:.2f} ms"]
+    for sync in syncs[:6]:  # the operator each wait happened in, and its Python frames (--trace)
+        around = [e for e in ops[:bisect.bisect_right(starts, sync.time_range.start)]
+                  if e.time_range.end >= sync.time_range.end]
+        op = min(around, key=lambda e: e.time_range.end - e.time_range.start) if around else None
+        lines.append(f"    {(sync.time_range.end - sync.time_range.start) / 1e3:.2f} ms {sync.name} in "
+                     f"{op.name[:80] if op else '?'}")
+        lines += ["        " + f for f in project_frames(op)]
+    lines += [f"GPU idle {idle / 1e3:.1f} ms of {window / 1e3:.1f} ms between the step's first and last kernel "
              f"({len(gaps)} gaps over 5 us); by what the host was doing:"]
     ranked = sorted(by_op.items(), key=lambda kv: -kv[1][0])[:rows]
     lines += [f"{total / 1e3:9.2f} ms {count:5d}  {name[:120]}" for name, (total, count) in ranked]
