@@ -42,34 +42,34 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     dev, bf = "cuda", torch.bfloat16
-    E, H, I = args.experts, args.hidden, args.width
+    E, H, W = args.experts, args.hidden, args.width  # experts, hidden, expert width (I in the labels)
     rows = args.tokens * args.top_k
     choice = torch.randn(args.tokens, E, device=dev).topk(args.top_k, dim=-1).indices.reshape(-1)
     counts = torch.bincount(choice, minlength=E)
     offs = counts.cumsum(0).to(torch.int32)
     x = torch.randn(rows, H, device=dev, dtype=bf)
-    h = torch.randn(rows, I, device=dev, dtype=bf)
+    h = torch.randn(rows, W, device=dev, dtype=bf)
     dy = torch.randn(rows, H, device=dev, dtype=bf)
-    dgu = torch.randn(rows, 2 * I, device=dev, dtype=bf)
-    gate_up = torch.randn(E, 2 * I, H, device=dev, dtype=bf) * 0.02
-    down = torch.randn(E, H, I, device=dev, dtype=bf) * 0.02
+    dgu = torch.randn(rows, 2 * W, device=dev, dtype=bf)
+    gate_up = torch.randn(E, 2 * W, H, device=dev, dtype=bf) * 0.02
+    down = torch.randn(E, H, W, device=dev, dtype=bf) * 0.02
     results = {}
 
     def flops(m, n, k):
         return 2.0 * m * n * k
 
     cases = {
-        "down wgrad h.T @ dy -> [E, I, H]": (lambda: torch._grouped_mm(h.t(), dy, offs=offs), flops(rows, H, I)),
-        "down wgrad dy.T @ h -> [E, H, I]": (lambda: torch._grouped_mm(dy.t(), h, offs=offs), flops(rows, H, I)),
+        "down wgrad h.T @ dy -> [E, I, H]": (lambda: torch._grouped_mm(h.t(), dy, offs=offs), flops(rows, H, W)),
+        "down wgrad dy.T @ h -> [E, H, I]": (lambda: torch._grouped_mm(dy.t(), h, offs=offs), flops(rows, H, W)),
         "gate_up wgrad x.T @ dgu -> [E, H, 2I]": (lambda: torch._grouped_mm(x.t(), dgu, offs=offs),
-                                                   flops(rows, H, 2 * I)),
+                                                   flops(rows, H, 2 * W)),
         "gate_up wgrad dgu.T @ x -> [E, 2I, H]": (lambda: torch._grouped_mm(dgu.t(), x, offs=offs),
-                                                   flops(rows, H, 2 * I)),
+                                                   flops(rows, H, 2 * W)),
         "gate_up fwd x @ W.T": (lambda: torch._grouped_mm(x, gate_up.transpose(1, 2), offs=offs),
-                                flops(rows, 2 * I, H)),
-        "down fwd h @ W.T": (lambda: torch._grouped_mm(h, down.transpose(1, 2), offs=offs), flops(rows, H, I)),
-        "gate_up dgrad dgu @ W": (lambda: torch._grouped_mm(dgu, gate_up, offs=offs), flops(rows, H, 2 * I)),
-        "down dgrad dy @ W": (lambda: torch._grouped_mm(dy, down, offs=offs), flops(rows, I, H)),
+                                flops(rows, 2 * W, H)),
+        "down fwd h @ W.T": (lambda: torch._grouped_mm(h, down.transpose(1, 2), offs=offs), flops(rows, H, W)),
+        "gate_up dgrad dgu @ W": (lambda: torch._grouped_mm(dgu, gate_up, offs=offs), flops(rows, H, 2 * W)),
+        "down dgrad dy @ W": (lambda: torch._grouped_mm(dy, down, offs=offs), flops(rows, W, H)),
     }
     for name, (fn, f) in cases.items():
         ms = timed(fn)
@@ -87,7 +87,7 @@ def main() -> None:
         y.backward(dy)
 
     ms = timed(experts)
-    total = 3 * (flops(rows, 2 * I, H) + flops(rows, H, I))
+    total = 3 * (flops(rows, 2 * W, H) + flops(rows, H, W))
     results["experts fwd+bwd"] = {"ms": ms, "tflops": total / ms / 1e9,
                                   "grad_strides": [list(w1.grad.stride()), list(w2.grad.stride())]}
     print(f"experts fwd+bwd {ms:.3f} ms {total / ms / 1e9:.1f} TFLOP/s; grad strides {w1.grad.stride()} "

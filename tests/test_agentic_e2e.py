@@ -33,6 +33,7 @@ EXAMPLE = ROOT / "examples" / "tools"
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.serial,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/install.sh)"),
 ]
 pytest_plugins = ["prime_core.testing"]

@@ -23,6 +23,7 @@ EXAMPLE = ROOT / "examples" / "cpu"
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.serial,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/install.sh)"),
 ]
 

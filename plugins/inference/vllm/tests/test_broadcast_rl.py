@@ -25,6 +25,7 @@ EXAMPLE = ROOT / "examples" / "cpu" / "rl.toml"
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.serial,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/install.sh)"),
 ]
 
