@@ -5,8 +5,9 @@
 #   2. the `serial` ones (runs with real vLLM servers), one at a time, with every core.
 # Much of run 1 waits on one core (imports, subprocesses starting, servers answering), so two
 # workers fill the 2 cores that one leaves half idle. One thread a process, because two
-# processes of two spinning OpenMP threads on 2 cores slowed each other 4.6x (the tool
-# warm-up's SFT step: 0.38 s alone, 1.73 s beside a second one; one thread each: 0.70 s).
+# processes of two OpenMP threads on 2 cores slowed each other 4.6x (the tool warm-up's SFT
+# step: 0.38 s alone, 1.73 s beside a second one; one thread each: 0.70 s; OMP_WAIT_POLICY=
+# PASSIVE: 0.73 s even alone).
 # Arguments go to both runs:
 #   bash scripts/test.sh
 #   bash scripts/test.sh -x tests/test_sft.py
