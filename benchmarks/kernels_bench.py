@@ -6,6 +6,7 @@
     python3 benchmarks/kernels_bench.py fp8_host --backends deep_gemm torch --reps 200 --out $OUT
     python3 benchmarks/kernels_bench.py adamw --out $OUT                       # --launch 4096:4 1024:8: launch shapes
     python3 benchmarks/kernels_bench.py moe --tokens 8192 --out $OUT           # --profile
+    python3 benchmarks/kernels_bench.py grouped_mm --tokens 8192 --reps 20 --out $OUT
     python3 benchmarks/kernels_bench.py table --out $OUT
 
 ``lm_head``: forward + backward of the LM head at Qwen3's vocabulary (151,936) and hidden size
@@ -517,6 +518,49 @@ def bench_moe(args, device) -> list[dict]:
     return records
 
 
+def bench_grouped_mm(args, device) -> list[dict]:
+    """The MoE layer's expert GEMMs alone (``torch._grouped_mm``, bf16, on a GPU): forward, input
+    gradient and weight gradient of gate_up and down, the weight gradients in both operand orders
+    (into ``[E, N, K]`` or ``[E, K, N]``), on a balanced random routing of ``tokens x top 8``."""
+    import torch
+
+    if device.type != "cuda":
+        raise SystemExit("grouped_mm: torch._grouped_mm runs on a CUDA GPU only")
+    warm_up(device)
+    experts, hidden, width, k = 64, 2048, 768, 8  # the 2.9B MoE shape (width: moe_intermediate_size)
+    records = []
+    for tokens in args.tokens:
+        torch.manual_seed(0)
+        rows = tokens * k
+        choice = torch.randn(tokens, experts, device=device).topk(k, dim=-1).indices.reshape(-1)
+        offs = torch.bincount(choice, minlength=experts).cumsum(0).to(torch.int32)
+
+        def rand(*shape):
+            return torch.randn(*shape, device=device, dtype=torch.bfloat16)
+
+        x, h, dy, dgu = rand(rows, hidden), rand(rows, width), rand(rows, hidden), rand(rows, 2 * width)
+        gate_up, down = rand(experts, 2 * width, hidden), rand(experts, hidden, width)
+        gate_up_flops, down_flops = 2.0 * rows * hidden * 2 * width, 2.0 * rows * hidden * width
+        cases = {
+            "down wgrad h.T @ dy -> [E, I, H]": (h.t(), dy, down_flops),
+            "down wgrad dy.T @ h -> [E, H, I]": (dy.t(), h, down_flops),
+            "gate_up wgrad x.T @ dgu -> [E, H, 2I]": (x.t(), dgu, gate_up_flops),
+            "gate_up wgrad dgu.T @ x -> [E, 2I, H]": (dgu.t(), x, gate_up_flops),
+            "gate_up fwd x @ W.T": (x, gate_up.transpose(1, 2), gate_up_flops),
+            "down fwd h @ W.T": (h, down.transpose(1, 2), down_flops),
+            "gate_up dgrad dgu @ W": (dgu, gate_up, gate_up_flops),
+            "down dgrad dy @ W": (dy, down, down_flops),
+        }
+        for case, (a, b, flops) in cases.items():
+            seconds, _, host = timed(lambda a=a, b=b, offs=offs: torch._grouped_mm(a, b, offs=offs), device,
+                                       args.reps)
+            record = {"bench": "grouped_mm", "case": case, "tokens": tokens, "ms": seconds * 1e3,
+                      "host_ms": host * 1e3, "tflops": flops / seconds / 1e12}
+            records.append(record)
+            emit(args, record)
+    return records
+
+
 def emit(args, record: dict) -> None:
     with open(args.out / "kernels.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
@@ -652,7 +696,7 @@ def ratio(value, base) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("lm_head", "fp8", "fp8_host", "adamw", "moe", "table"))
+    parser.add_argument("mode", choices=("lm_head", "fp8", "fp8_host", "adamw", "moe", "grouped_mm", "table"))
     parser.add_argument("--models", nargs="+", default=["1.7B", "moe"], help="adamw: the shapes")
     parser.add_argument("--launch", nargs="+", default=[], metavar="BLOCK:WARPS",
                         help="adamw, moe: time the fused kernel / the permutation's kernels at each of these launch "
@@ -677,7 +721,7 @@ def main() -> int:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     {"lm_head": bench_lm_head, "fp8": bench_fp8, "fp8_host": bench_fp8_host,
-     "adamw": bench_adamw, "moe": bench_moe}[args.mode](args, device)
+     "adamw": bench_adamw, "moe": bench_moe, "grouped_mm": bench_grouped_mm}[args.mode](args, device)
     return 0
 
 
