@@ -2,15 +2,19 @@
 # The 2.9B MoE step (RECIPE, default fast-bf16; 8k tokens; STEPS timed, default 8) once per NAME=DIR of VARIANTS,
 # DIR first on PYTHONPATH ("now": nothing added), side by side in one job. The editable prime_core is not
 # shadowed this way; plugin packages are. E.g. VARIANTS="base=benchmarks/.whl/baseline now=now".
+# LOOPS="step pipelined": each variant in both step loops (parallel_bench.py --pipelined).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/prime-variants}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 python3 -c "import prime_core, prime_plugin_cp" 2>/dev/null || bash benchmarks/device_setup.sh > "$OUT/setup.log" 2>&1
 for item in $VARIANTS; do
-  name=${item%%=*}; dir=${item#*=}; mkdir -p "$OUT/$name"
-  PYTHONPATH=$([ "$dir" = now ] || realpath "$dir") timeout 200 python3 -m torch.distributed.run --standalone \
-    --nproc-per-node 1 benchmarks/parallel_bench.py moe --ep 1 --recipe ${RECIPE:-fast-bf16} --seq-lens 8192 \
-    --samples-per-group 1 --warmup 1 --steps ${STEPS:-8} --out "$OUT/$name" > "$OUT/$name.log" 2>&1 || echo "$name exited $?"
-  echo "$name: $(grep -E '^moe ' "$OUT/$name.log")"
+  for loop in ${LOOPS:-step}; do  # step: read each step before the next (prime trainer); pipelined: prime sft's
+    name=${item%%=*}; dir=${item#*=}; [ "$loop" = step ] || name=$name-$loop; mkdir -p "$OUT/$name"
+    PYTHONPATH=$([ "$dir" = now ] || realpath "$dir") timeout 200 python3 -m torch.distributed.run --standalone \
+      --nproc-per-node 1 benchmarks/parallel_bench.py moe --ep 1 --recipe ${RECIPE:-fast-bf16} --seq-lens 8192 \
+      --samples-per-group 1 --warmup 1 --steps ${STEPS:-8} $([ "$loop" = step ] || echo --pipelined) \
+      --out "$OUT/$name" > "$OUT/$name.log" 2>&1 || echo "$name exited $?"
+    echo "$name: $(grep -E '^moe ' "$OUT/$name.log")"
+  done
 done

@@ -258,7 +258,7 @@ def worker(args) -> int:
     for seq_len in seq_lens:
         bench = BenchConfig(warmup_steps=args.warmup, steps=args.steps)
         meter = BenchMeter(bench, world=world, model=training.policy.model, hf_config=training.policy.hf_config,
-                           dtype=model["dtype"], label={**label, "seq_len": seq_len})
+                           dtype=model["dtype"], label={**label, "seq_len": seq_len}, pipelined=args.pipelined)
         fake = FakeDataConfig(batch_size=args.samples_per_group * groups, length="fixed")
         rng = random.Random(0)
         plan = predict(config, "trainer", processes=world.size, rows=args.samples_per_group, seq_len=seq_len)
@@ -296,8 +296,7 @@ def worker(args) -> int:
                 + (f", all-to-all {100 * record['all_to_all_share']:.1f} % of GPU time"
                    if "all_to_all_share" in record else ""))
             print(f"{label['kind']} {label.get('model', '')} ({record['params'] / 1e9:.1f}B) {label['config']} "
-                  f"seq {seq_len} "
-                  f"on {world.size}: {shown}", flush=True)
+                  f"seq {seq_len} on {world.size}{', pipelined' if args.pipelined else ''}: {shown}", flush=True)
         import gc
 
         gc.collect()
@@ -346,6 +345,9 @@ def main() -> int:
     parser.add_argument("--style", choices=("ring", "ulysses"), default="ulysses")
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[8192])
     parser.add_argument("--samples-per-group", type=int, default=1, help="samples per data-parallel group and step")
+    parser.add_argument("--pipelined", action="store_true",
+                        help="queue each step before reading the one before (prime sft's loop); otherwise each step "
+                             "is read before the next starts (prime trainer's, which publishes every step's weights)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--tiny", action="store_true", help="a small model: smoke test on a CPU")

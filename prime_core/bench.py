@@ -26,6 +26,7 @@ from pathlib import Path
 from pydantic import Field
 
 from prime_core.config.base import Section
+from prime_core.trainer.step import StepClock
 
 
 class BenchConfig(Section):
@@ -156,60 +157,78 @@ class BenchMeter:
     """Collects the measured steps of one rank and reports for the whole job on rank 0."""
 
     @classmethod
-    def for_run(cls, config, training, *, role: str, data: str) -> BenchMeter:
+    def for_run(cls, config, training, *, role: str, data: str, pipelined: bool = False) -> BenchMeter:
         """The meter of ``prime trainer|sft --bench`` (``config``: the role's config)."""
         policy = training.policy
         label = {"role": role, "model": str(config.model.name), "seq_len": config.seq_len,
                  "config": ", ".join(policy.applied) or "plain", "data": data}
         return cls(config.bench, world=training.world, model=policy.model, hf_config=policy.hf_config,
-                   dtype=config.model.dtype, label=label)
+                   dtype=config.model.dtype, label=label, pipelined=pipelined)
 
-    def __init__(self, config: BenchConfig, *, world, model, hf_config, dtype: str, label: dict) -> None:
+    def __init__(self, config: BenchConfig, *, world, model, hf_config, dtype: str, label: dict,
+                 pipelined: bool = False) -> None:
+        """``pipelined``: each step is queued before the one before is read, as ``prime sft``
+        does; otherwise each is read before the next starts, as ``prime trainer`` does (it
+        publishes every step's weights)."""
         self.config = config
+        self.pipelined = pipelined
         self.world = world
         self.n_params = matmul_params(model, hf_config)
         self.hf_config = hf_config
         self.dtype = dtype
-        self.label = label
-        self.steps: list[dict] = []
+        self.label = {**label, "loop": "pipelined" if pipelined else "step by step"}
+        self.steps: list[dict] = []  # this rank's: reduced over the ranks in ``result``
+        self.clock = StepClock(world.device)
 
     def run_fake_steps(self, training, fake, seq_len: int, rng, *, loss_fn, max_norm, loss_kwargs=None,
                        on_step=None) -> dict:
         """Train ``warmup + steps`` steps on fake batches of ``seq_len`` (``trainer.fake``),
         measuring each; ``on_step(step, sums)`` after each. Returns the last batch."""
         from prime_core.trainer.fake import fake_batch
-        from prime_core.trainer.step import train_step
+        from prime_core.trainer.step import queue_train_step
 
         batch = None
+        pending = None
         for step in range(1, self.config.total_steps + 1):
             batch = fake_batch(fake, seq_len, training.policy.hf_config.vocab_size, rng)
             started = self.start_step(step)
-            sums = train_step(training, batch["micro_batches"], max_norm=max_norm, loss_fn=loss_fn,
-                              loss_kwargs=loss_kwargs)
-            self.end_step(step, started, sums["rows"])
-            if on_step is not None:
-                on_step(step, sums)
+            read = queue_train_step(training, batch["micro_batches"], max_norm=max_norm, loss_fn=loss_fn,
+                                    loss_kwargs=loss_kwargs)
+            queued = (step, started, self.clock.mark(), read)
+            if pending is not None:
+                self._read(*pending, on_step=on_step)
+            pending = queued
+            if not self.pipelined:
+                self._read(*pending, on_step=on_step)
+                pending = None
+        if pending is not None:
+            self._read(*pending, on_step=on_step)
         return batch
 
-    def start_step(self, step: int) -> float:
+    def _read(self, step: int, started, ended, read, *, on_step) -> None:
+        sums = read()
+        self.end_step(step, started, ended, sums["rows"])
+        if on_step is not None:
+            on_step(step, sums)
+
+    def start_step(self, step: int):
+        """Called before ``step`` is queued (step by step, once the device and every rank are
+        done with the step before); returns the step's start mark (``StepClock``)."""
         from prime_core import distributed
 
         if step == self.config.warmup_steps + 1:
             reset_peak_memory(self.world.device)
-        synchronize(self.world.device)
-        distributed.barrier(self.world)
-        return time.perf_counter()
+        if not self.pipelined:
+            synchronize(self.world.device)
+            distributed.barrier(self.world)
+        return self.clock.mark()
 
-    def end_step(self, step: int, started: float, rows: list[dict]) -> None:
-        from prime_core import distributed
-
-        synchronize(self.world.device)
-        elapsed = time.perf_counter() - started
+    def end_step(self, step: int, started, ended, rows: list[dict]) -> None:
+        """Called once ``step``, queued between marks ``started`` and ``ended``, is read."""
+        elapsed = self.clock.step_time(started, ended)
         cp = self.world.rows_split  # the ranks of a CP group hold the same rows
         tokens = sum(len(r["input_ids"]) for r in rows if not r.get("padding")) / cp
         flops = step_flops(rows, self.n_params, self.hf_config) / cp
-        tokens, flops = distributed.all_reduce([tokens, flops], self.world)
-        (elapsed,) = distributed.all_reduce([elapsed], self.world, "max")
         if step > self.config.warmup_steps:
             self.steps.append({"step_time": elapsed, "tokens": tokens, "flops": flops})
 
@@ -218,16 +237,22 @@ class BenchMeter:
 
         peak_bytes, capacity = peak_memory(self.world.device)
         (peak_bytes,) = distributed.all_reduce([peak_bytes], self.world, "max")
+        # Every rank's steps: tokens and FLOPs summed, the slowest rank's time.
+        n = len(self.steps)
+        summed = distributed.all_reduce([s["tokens"] for s in self.steps] + [s["flops"] for s in self.steps],
+                                        self.world)
+        slowest = distributed.all_reduce([s["step_time"] for s in self.steps], self.world, "max")
+        steps = [{"tokens": summed[i], "flops": summed[n + i], "step_time": slowest[i]} for i in range(n)]
         device_peak, source = peak_flops(self.world.device, self.dtype)
-        times = [s["step_time"] for s in self.steps]
-        tokens_per_s = [s["tokens"] / s["step_time"] for s in self.steps]
-        mfu = [s["flops"] / s["step_time"] / (device_peak * self.world.size) for s in self.steps]
+        times = [s["step_time"] for s in steps]
+        tokens_per_s = [s["tokens"] / s["step_time"] for s in steps]
+        mfu = [s["flops"] / s["step_time"] / (device_peak * self.world.size) for s in steps]
         return {
             **self.label,
             "device": device_description(self.world.device), "devices": self.world.size,
-            "steps": len(self.steps), "warmup_steps": self.config.warmup_steps,
+            "steps": len(steps), "warmup_steps": self.config.warmup_steps,
             "step_time_s": statistics.mean(times), "step_time_std_s": statistics.pstdev(times),
-            "tokens_per_step": statistics.mean(s["tokens"] for s in self.steps),
+            "tokens_per_step": statistics.mean(s["tokens"] for s in steps),
             "tokens_per_s": statistics.mean(tokens_per_s),
             "tokens_per_s_per_device": statistics.mean(tokens_per_s) / self.world.size,
             "mfu": statistics.mean(mfu), "peak_flops": device_peak, "peak_flops_source": source,

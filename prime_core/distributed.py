@@ -183,11 +183,19 @@ def all_reduce(values: list[float], world: World, op: str = "sum") -> list[float
     if not world.distributed:
         return list(values)
     import torch
-    import torch.distributed as dist
 
     tensor = torch.tensor(values, dtype=torch.float64, device=world.device)
-    dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+    all_reduce_tensor(tensor, world, op)
     return tensor.tolist()
+
+
+def all_reduce_tensor(tensor, world: World, op: str = "sum") -> None:
+    """``op`` (``sum`` or ``max``) of ``tensor`` over every rank, in place; on a GPU queued
+    on the device (the host does not wait)."""
+    if world.distributed:
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
 
 
 def barrier(world: World) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from pathlib import Path
 
 from prime_core.errors import ConfigError
@@ -19,7 +18,7 @@ from prime_core.trainer import ckpt
 from prime_core.trainer.build import full_state_dict, start_training
 from prime_core.trainer.fake import fake_samples
 from prime_core.trainer.optim import build_scheduler
-from prime_core.trainer.step import train_step
+from prime_core.trainer.step import StepClock, queue_train_step
 from prime_core.weights import Adapter, record_plugins
 
 
@@ -143,7 +142,7 @@ def run(config) -> int:
     if bench:
         from prime_core.bench import BenchMeter
 
-        meter = BenchMeter.for_run(config, training, role="sft", data=config.data.length)
+        meter = BenchMeter.for_run(config, training, role="sft", data=config.data.length, pipelined=True)
     done = _resume(config, training) if config.resume and not bench else 0
     metrics = MetricsLogger(config, role="sft", output_dir=config.output_dir) if world.main and not bench else None
     print(f"sft: {len(dataset)} samples, {max_steps} steps of {config.data.batch_size}, model {policy.impl} on "
@@ -152,28 +151,7 @@ def run(config) -> int:
     batches = _batches(dataset, config.data, rng)
     for _ in range(done):  # the data order of the run this one continues
         next(batches)
-    for step in range(done + 1, max_steps + 1):
-        batch = next(batches)
-        if config.data.pack:
-            packed = pack(batch, config.seq_len)
-        else:
-            packed = [row for sample in batch for row in pack([sample], config.seq_len)]
-        start = meter.start_step(step) if meter else time.perf_counter()
-        sums = train_step(training, [row.as_dict() for row in packed], max_norm=config.optim.max_norm)
-        if meter:
-            meter.end_step(step, start, sums["rows"])
-            if world.main:
-                print(f"bench step {step}/{max_steps}: loss {sums['loss']:.4f}", flush=True)
-            continue
-        elapsed = time.perf_counter() - start
-        if metrics:
-            metrics.log(step, {"loss": sums["loss"], "grad_norm": sums["grad_norm"],
-                               "lr": training.scheduler.get_last_lr()[0], "tokens": sums["tokens"],
-                               "tokens_per_s": sums["tokens"] / elapsed, "step_time": elapsed, **fit},
-                        show=("loss", "grad_norm", "tokens_per_s"))
-        if config.ckpt.interval and step % config.ckpt.interval == 0:
-            ckpt.save(config.output_dir, step, policy.model, training.optimizer, {}, world=world,
-                      keep_last=config.ckpt.keep_last, keep_interval=config.ckpt.keep_interval)
+    _train(config, training, batches, range(done + 1, max_steps + 1), meter=meter, metrics=metrics, fit=fit)
     if meter:
         meter.report()
     else:
@@ -182,6 +160,56 @@ def run(config) -> int:
         metrics.close()
     distributed.shutdown()
     return 0
+
+
+def _train(config, training, batches, steps: range, *, meter, metrics, fit: dict) -> None:
+    """The optimizer steps ``steps``, each queued before the one before it is read; every step
+    is logged (``metrics``) or measured (``meter``), and read before a checkpoint is saved."""
+    world, policy = training.world, training.policy
+    clock = meter.clock if meter else StepClock(world.device)
+
+    def finish(step: int, started, ended, read, lr: float) -> None:
+        """Reads ``step`` (queued between marks ``started`` and ``ended``) and logs it."""
+        sums = read()
+        if meter:
+            meter.end_step(step, started, ended, sums["rows"])
+            if world.main:
+                print(f"bench step {step}/{steps[-1]}: loss {sums['loss']:.4f}", flush=True)
+            return
+        elapsed = clock.step_time(started, ended)
+        if metrics:
+            metrics.log(step, {"loss": sums["loss"], "grad_norm": sums["grad_norm"], "lr": lr,
+                               "tokens": sums["tokens"], "tokens_per_s": sums["tokens"] / elapsed,
+                               "step_time": elapsed, **fit},
+                        show=("loss", "grad_norm", "tokens_per_s"))
+
+    pending = None
+    for step in steps:
+        batch = next(batches)
+        if config.data.pack:
+            packed = pack(batch, config.seq_len)
+        else:
+            packed = [row for sample in batch for row in pack([sample], config.seq_len)]
+        start = meter.start_step(step) if meter else clock.mark()
+        # Queued before the step before it is read: the device works on that one's update while
+        # the host starts this one.
+        try:
+            read = queue_train_step(training, [row.as_dict() for row in packed], max_norm=config.optim.max_norm)
+        except BaseException:
+            if pending:  # the step before is logged, not lost with this one
+                finish(*pending)
+            raise
+        queued = (step, start, clock.mark(), read, training.scheduler.get_last_lr()[0])
+        if pending:
+            finish(*pending)
+        pending = queued
+        if not meter and config.ckpt.interval and step % config.ckpt.interval == 0:
+            finish(*pending)  # nothing else is queued when the weights are saved
+            pending = None
+            ckpt.save(config.output_dir, step, policy.model, training.optimizer, {}, world=world,
+                      keep_last=config.ckpt.keep_last, keep_interval=config.ckpt.keep_interval)
+    if pending:
+        finish(*pending)
 
 
 def fitting(samples: list[TrainingSample], seq_len: int, path) -> tuple[list[TrainingSample], dict]:

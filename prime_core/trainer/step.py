@@ -8,6 +8,7 @@ loss mask is zero.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 _VALUE_KEYS = ("loss_mask", "advantages", "inference_logprobs", "teacher_logprobs")
@@ -73,7 +74,17 @@ def train_step(training, rows: list[dict], *, max_norm: float | None, loss_fn=No
     returns the sums over all ranks, plus ``grad_norm``, ``loss_tokens`` and this rank's
     ``rows`` (padding included). The ranks of a context-parallel group share their rows and
     each computes its part of every row."""
-    from prime_core import distributed
+    return queue_train_step(training, rows, max_norm=max_norm, loss_fn=loss_fn, loss_kwargs=loss_kwargs,
+                            temperature=temperature)()
+
+
+def queue_train_step(training, rows: list[dict], *, max_norm: float | None, loss_fn=None,
+                     loss_kwargs: dict | None = None, temperature: float = 1.0) -> Callable[[], dict]:
+    """``train_step`` without waiting for the device: the step, down to the update and the
+    all-reduce of its sums, is queued, and the returned function waits for it and returns
+    ``train_step``'s dict. A loop that queues the next step before reading this one keeps the
+    GPU busy while the host starts the next step (uploads its batch, launches its first
+    kernels); it must read a step before anything reads the weights it updated."""
     from prime_core.trainer.optim import clip_and_step
 
     world = training.world
@@ -98,11 +109,50 @@ def train_step(training, rows: list[dict], *, max_norm: float | None, loss_fn=No
         hook(training.policy.model)
     grad_norm = clip_and_step(training.policy.model, training.optimizer, training.scheduler, max_norm,
                               update=training.policy.update)
-    sums = read_sums(*queued, grad_norm=grad_norm)
-    grad_norm = sums.pop("grad_norm")
-    keys = sorted(sums)
-    sums = dict(zip(keys, distributed.all_reduce([sums[k] for k in keys], world), strict=True))
-    return {**sums, "grad_norm": grad_norm, "loss_tokens": total, "rows": mine}
+    read = queue_sums(*queued, grad_norm=grad_norm, world=world)
+    return lambda: {**read(), "loss_tokens": total, "rows": mine}
+
+
+class StepClock:
+    """Times steps that may be queued on the device before the one before them is read. A
+    step's time runs from when it was queued, or from the end of the step before it on the
+    device when that is later: with the next step always queued ahead, the device's time
+    between the two steps' ends, idle gaps included. Marks are CUDA events on a GPU (read
+    once the step has been read) and host clock readings elsewhere, where the device has
+    finished a step by the time it is queued."""
+
+    def __init__(self, device) -> None:
+        import torch
+
+        self.cuda = torch.device(device).type == "cuda"
+        self.last_end = None
+
+    def mark(self):
+        """A mark at this point of the device's queue."""
+        import time
+
+        import torch
+
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def step_time(self, start, end) -> float:
+        """Seconds of the step queued between marks ``start`` and ``end``, once it is read;
+        steps are timed in the order they were queued."""
+        elapsed = self._seconds(start, end)
+        if self.last_end is not None:
+            elapsed = min(elapsed, self._seconds(self.last_end, end))
+        self.last_end = end
+        return elapsed
+
+    def _seconds(self, first, then) -> float:
+        if not self.cuda:
+            return then - first
+        then.synchronize()
+        return first.elapsed_time(then) / 1e3
 
 
 def stackable(model, cp: int) -> bool:
@@ -229,16 +279,16 @@ def forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, 
     loss is used, otherwise the negative log-likelihood (SFT). ``before_backward``: the
     policy's ``hook(model, last)`` calls (``Applied.before_backward``). Returns this rank's
     sums (reduce them across ranks)."""
-    return read_sums(*queue_forward_backward(model, rows, total_loss_tokens=total_loss_tokens, world=world,
-                                             loss_fn=loss_fn, loss_kwargs=loss_kwargs, temperature=temperature,
-                                             rows_per_pass=rows_per_pass, before_backward=before_backward))
+    return queue_sums(*queue_forward_backward(model, rows, total_loss_tokens=total_loss_tokens, world=world,
+                                              loss_fn=loss_fn, loss_kwargs=loss_kwargs, temperature=temperature,
+                                              rows_per_pass=rows_per_pass, before_backward=before_backward))()
 
 
 def queue_forward_backward(model, rows: list[dict], *, total_loss_tokens: int, world, loss_fn=None,
                            loss_kwargs: dict | None = None, temperature: float = 1.0,
                            rows_per_pass: int = 1, before_backward=()) -> tuple[dict, float]:
     """``forward_backward`` without waiting for the device: its sums as device tensors, and
-    the tokens computed; ``read_sums`` reads them."""
+    the tokens computed; ``queue_sums`` reads them."""
     from prime_core.trainer.model import predicted_logprobs
 
     cp = world.rows_split
@@ -283,26 +333,55 @@ def queue_forward_backward(model, rows: list[dict], *, total_loss_tokens: int, w
     return device_sums, tokens
 
 
-def read_sums(device_sums: dict, tokens: float, grad_norm=None) -> dict:
-    """The sums of ``queue_forward_backward`` (and the step's ``grad_norm``, when given), read
-    from the device in one transfer: the host waits once, at the end of the step."""
+SUM_KEYS = ("entropy", "is_masked", "loss", "mismatch_kl", "teacher_kl", "tokens")
+"""The sums every rank reports (all-reduced together), whatever its rows held."""
+
+
+def queue_sums(device_sums: dict, tokens: float, grad_norm=None, world=None) -> Callable[[], dict]:
+    """The sums of ``queue_forward_backward`` (summed over ``world``'s ranks when given) and the
+    step's ``grad_norm`` (global already), queued on the device: the returned function reads
+    them in one transfer, so the host waits once, at the end of the step. Every value is made
+    on the device (a copy from the host would wait for the queued step)."""
     import torch
 
-    # Every rank reports the same keys (they are all-reduced together), whatever its rows held.
-    sums = {"loss": 0.0, "entropy": 0.0, "mismatch_kl": 0.0, "is_masked": 0.0, "teacher_kl": 0.0}
-    held = dict(device_sums)
-    if grad_norm is not None:
-        if torch.is_tensor(grad_norm):
-            held["grad_norm"] = grad_norm
-        else:
-            sums["grad_norm"] = float(grad_norm)
-    if held:
-        keys = list(held)
-        device = held[keys[0]].device  # the norm of CPU-offloaded gradients is on the host
-        values = torch.stack([held[k].float().to(device) for k in keys]).tolist()
-        sums.update(zip(keys, values, strict=True))
-    sums["tokens"] = tokens
-    return sums
+    if device_sums:
+        device = next(iter(device_sums.values())).device
+    else:
+        device = torch.device(world.device if world is not None else "cpu")
+    parts = {**device_sums, "tokens": torch.full((), float(tokens), device=device)}
+    summed = torch.stack([parts[key].float() if key in parts else torch.zeros((), device=device)
+                          for key in SUM_KEYS]).double()
+    if world is not None and world.distributed:
+        from prime_core import distributed
+
+        summed = summed.to(world.device)
+        distributed.all_reduce_tensor(summed, world)
+    host_norm = None
+    if torch.is_tensor(grad_norm):
+        # the norm of CPU-offloaded gradients is on the host
+        summed = torch.cat([summed, grad_norm.detach().reshape(1).to(summed)])
+    elif grad_norm is not None:
+        host_norm = float(grad_norm)
+    ready = None
+    if summed.device.type == "cuda":
+        # Copied now, not when read: by then the next step may be queued, and a copy queued
+        # after it would wait for it.
+        host = torch.empty(summed.shape, dtype=summed.dtype, pin_memory=True)
+        host.copy_(summed, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        summed = host
+
+    def read() -> dict:
+        if ready is not None:
+            ready.synchronize()
+        values = summed.tolist()
+        sums = dict(zip(SUM_KEYS, values, strict=False))
+        if grad_norm is not None:
+            sums["grad_norm"] = values[-1] if host_norm is None else host_norm
+        return sums
+
+    return read
 
 
 def call_loss(loss_fn, logp, inference_logprobs, advantages, kwargs: dict):
