@@ -86,17 +86,24 @@ def make_model(folder: Path, kind: str, shape: dict, world) -> Path:
     return folder
 
 
-def profiled_step(training, batch, loss_fn, stacks: bool = False):
+def profiled_step(training, batch, loss_fn, stacks: bool = False, pipelined: bool = False):
     """One step under the profiler (CPU operators with their shapes, GPU kernels; with
-    ``stacks``, the Python calls too)."""
+    ``stacks``, the Python calls too); ``pipelined``: three, each queued before the one before
+    is read."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from prime_core.trainer.step import train_step
+    from prime_core.trainer.step import queue_train_step
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True,
                  with_stack=stacks) as prof:
-        train_step(training, batch["micro_batches"], max_norm=1.0, loss_fn=loss_fn)
+        pending = None
+        for _ in range(3 if pipelined else 1):
+            read = queue_train_step(training, batch["micro_batches"], max_norm=1.0, loss_fn=loss_fn)
+            if pending:
+                pending()
+            pending = read
+        pending()
         torch.cuda.synchronize()
     return prof
 
@@ -134,7 +141,10 @@ def kernel_table(prof, rows: int = 40) -> str:
 
 
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
-"""CUDA runtime calls where the host waits for the GPU (``cudaMemcpy``: the blocking copy)."""
+"""CUDA runtime calls where the host waits for the GPU (``cudaMemcpy``: the blocking copy).
+Any other runtime call of over ``SLOW_CALL_US`` is listed with them: a copy from pageable
+memory, an allocation or a free can wait for the GPU too."""
+SLOW_CALL_US = 300
 
 
 def project_frames(op, count: int = 8) -> list[str]:
@@ -192,10 +202,12 @@ def idle_table(prof, rows: int = 25) -> list[str]:
                 last = ops[bisect.bisect_right(starts, gap[2]) - 1]  # what the host was in as the GPU ran dry
                 described += ["           " + frame for frame in project_frames(last)]
     idle = sum(g[0] for g in gaps)
-    syncs = sorted((e for e in host if str(e.name) in SYNCS), key=lambda e: e.time_range.start)
+    syncs = sorted((e for e in host if str(e.name) in SYNCS or (
+        str(e.name).startswith("cuda") and e.time_range.end - e.time_range.start > SLOW_CALL_US)),
+        key=lambda e: e.time_range.start)
     waited = sum(e.time_range.end - e.time_range.start for e in syncs) / 1e3
     lines = [f"host waits on the GPU: {len(syncs)} calls, {waited:.2f} ms"]
-    for sync in syncs[:6]:  # the operator each wait happened in, and its Python frames (--trace)
+    for sync in syncs[:10]:  # the operator each wait happened in, and its Python frames (--trace)
         around = [e for e in ops[:bisect.bisect_right(starts, sync.time_range.start)]
                   if e.time_range.end >= sync.time_range.end]
         op = min(around, key=lambda e: e.time_range.end - e.time_range.start) if around else None
@@ -269,7 +281,7 @@ def worker(args) -> int:
             batch = meter.run_fake_steps(training, fake, seq_len, rng, loss_fn=loss_fn, max_norm=1.0)
             record.update(meter.result())
             if torch.cuda.is_available() and (args.profile or (kind == "moe" and args.ep > 1)):
-                prof = profiled_step(training, batch, loss_fn, stacks=args.trace)
+                prof = profiled_step(training, batch, loss_fn, stacks=args.trace, pipelined=args.pipelined)
                 if kind == "moe" and args.ep > 1:
                     record["all_to_all_share"] = all_to_all_share(prof)
                 if args.profile and world.main:

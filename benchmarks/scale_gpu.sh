@@ -88,10 +88,10 @@ for phase in "$@"; do
       timeout 200 python3 benchmarks/kernels_bench.py adamw --reps 5 --out "$OUT" > "$OUT/adamw.log" 2>&1 \
         || { echo "adamw bench exited $?"; tail -5 "$OUT/adamw.log"; }
       python3 benchmarks/kernels_bench.py table --out "$OUT" ;;
-    moeprof)  # RECIPES: parallel_bench.py's --recipe values, one run each
+    moeprof)  # RECIPES: parallel_bench.py's --recipe values, one run each; PIPELINED=1: three steps, pipelined
       for recipe in ${RECIPES:-fast-defaults fast-bf16}; do
         timeout 250 python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/parallel_bench.py \
-          moe --ep 1 --recipe $recipe --seq-lens 8192 --samples-per-group 1 --warmup 1 --steps 3 --profile ${TRACE:+--trace} \
+          moe --ep 1 --recipe $recipe --seq-lens 8192 --samples-per-group 1 --warmup 1 --steps 3 --profile ${TRACE:+--trace} ${PIPELINED:+--pipelined} \
           --out "$OUT" >> "$OUT/moeprof.log" 2>&1 || echo "moe profile $recipe exited $?"
       done
       grep -E "^moe " "$OUT/moeprof.log"; head -${PROFILE_LINES:-32} "$OUT"/profile-*.txt ;;

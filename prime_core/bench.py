@@ -187,10 +187,11 @@ class BenchMeter:
         from prime_core.trainer.fake import fake_batch
         from prime_core.trainer.step import queue_train_step
 
-        batch = None
+        # Made first, as a data loader would have them ready: the step is what is measured.
+        batches = [fake_batch(fake, seq_len, training.policy.hf_config.vocab_size, rng)
+                   for _ in range(self.config.total_steps)]
         pending = None
-        for step in range(1, self.config.total_steps + 1):
-            batch = fake_batch(fake, seq_len, training.policy.hf_config.vocab_size, rng)
+        for step, batch in enumerate(batches, 1):
             started = self.start_step(step)
             read = queue_train_step(training, batch["micro_batches"], max_norm=max_norm, loss_fn=loss_fn,
                                     loss_kwargs=loss_kwargs)
@@ -203,7 +204,7 @@ class BenchMeter:
                 pending = None
         if pending is not None:
             self._read(*pending, on_step=on_step)
-        return batch
+        return batches[-1]
 
     def _read(self, step: int, started, ended, read, *, on_step) -> None:
         sums = read()
