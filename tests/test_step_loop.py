@@ -77,3 +77,29 @@ def test_a_step_is_timed_from_its_start_or_the_end_of_the_step_before():
     # queued after the device went idle: from its own start
     assert clock.step_time(5.0, 5.5) == 0.5
     assert isinstance(clock.mark(), float)
+
+
+@pytest.mark.gpu
+def test_steps_queued_ahead_on_a_gpu_are_timed_from_the_end_of_the_step_before():
+    import time
+
+    import torch
+
+    from prime_core.trainer.step import StepClock
+
+    clock = StepClock("cuda")
+    a = torch.randn(4096, 4096, device="cuda")
+    (a @ a).sum().item()  # the matmul's first launch is not a step's
+    torch.cuda.synchronize()
+    wall = time.perf_counter()
+    marks = []
+    for _ in range(3):  # all queued before any is timed, as a pipelined loop does
+        start = clock.mark()
+        for _ in range(50):
+            a @ a
+        marks.append((start, clock.mark()))
+    times = [clock.step_time(*pair) for pair in marks]
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - wall
+    assert 0.8 * wall < sum(times) <= wall, (times, wall)
+    assert max(times) < 1.3 * min(times), times
