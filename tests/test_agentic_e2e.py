@@ -57,16 +57,26 @@ def records(out: Path, role: str) -> list[dict]:
 def tool_model(tmp_path_factory) -> Path:
     """The tool example's model: tiny, warmed up on calculator conversations (30% with the
     tool) for the example's 500 steps, which it needs to copy the tool's result reliably (300
-    steps: 28%), in rows of 256 tokens as the example packs them (its samples are at most 194).
-    The base is `prime model tiny`'s, built in this process (a `prime` process takes ~5 s to start)."""
-    from prime_plugin_hf.tiny import build_tiny
-
+    steps: 28%), in rows of 256 tokens as the example packs them (its samples are at most 194):
+    ``examples/tools/run.sh`` with ``WARM_ONLY=1``. ``scripts/test.sh`` builds it in the
+    background while its first run goes on and names the folder in ``PRIME_TOOL_WARM_DIR``
+    (with the build's exit status in ``exit`` and its output in ``log``)."""
+    ahead = os.environ.get("PRIME_TOOL_WARM_DIR")
+    if ahead:
+        folder = Path(ahead)
+        status = (folder / "exit").read_text().strip() if (folder / "exit").exists() else "unknown"
+        if status != "0":
+            log = (folder / "log").read_text()[-4000:] if (folder / "log").exists() else "(no log)"
+            raise AssertionError(f"the tool model that scripts/test.sh built in {folder} failed (exit {status}):\n"
+                                 f"{log}")
+        return folder / "sft" / "model"
     root = tmp_path_factory.mktemp("tool-model")
-    build_tiny(root / "base", hidden_size=128, num_layers=2)
-    prime("envs", "sft-data", "calculator", str(root / "sft.jsonl"), "--n", "8000", "--demos", "0.3")
-    prime("sft", str(ROOT / "examples" / "cpu" / "sft.toml"), "--output-dir", str(root / "sft"), "--model.name",
-          str(root / "base"), "--data.path", str(root / "sft.jsonl"), "--seq-len", "256", "--max-steps",
-          os.environ.get("PRIME_TOOL_SFT_STEPS", "500"))
+    env = {**os.environ, "OUT": str(root), "WARM_ONLY": "1", "PYTHON": sys.executable,
+           "PRIME": str(Path(sys.executable).with_name("prime")),
+           "SFT_STEPS": os.environ.get("PRIME_TOOL_SFT_STEPS", "500")}
+    result = subprocess.run(["bash", str(EXAMPLE / "run.sh")], env=env, capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, (f"examples/tools/run.sh exited {result.returncode}:\n{result.stdout}\n"
+                                    f"{result.stderr}")
     return root / "sft" / "model"
 
 

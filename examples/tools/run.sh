@@ -4,6 +4,7 @@
 # calculator environment, where only the tool gets three-digit sums right.
 #   bash examples/tools/run.sh                                      # outputs under outputs/tools
 #   OUT=/tmp/x RL_STEPS=20 bash examples/tools/run.sh               # shorter RL (the warm-up needs its 500 steps)
+#   OUT=/tmp/x WARM_ONLY=1 bash examples/tools/run.sh               # the warm model only ($OUT/sft/model)
 # Extra arguments go to the RL run, e.g. --inference.server.port 8100.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -21,6 +22,7 @@ rm -rf "$out/base" "$out/sft"
 "$prime" sft "$here/../cpu/sft.toml" --output-dir "$out/sft" --model.name "$out/base" --data.path "$out/sft.jsonl" \
   --seq-len 256 --max-steps "${SFT_STEPS:-500}"  # rows of 256 tokens: the samples are at most 194
 sft_done=$(date +%s)
+[ "${WARM_ONLY:-0}" = 1 ] && exit 0
 "$prime" run "$here/rl.toml" --output-dir "$out/rl" --model.name "$out/sft/model" --max-steps "${RL_STEPS:-40}" \
   --clean "$@"
 end=$(date +%s)
