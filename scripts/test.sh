@@ -21,23 +21,6 @@ for arg in "$@"; do
               "-m, run pytest directly: $python -m pytest $*" >&2; exit 2 ;;
   esac
 done
-# The agentic module's tool model (examples/tools/run.sh's warm-up: ~200 s of SFT) is built in
-# the background during run 1, whose workers leave part of the cores idle, when that module is
-# among the tests (no test paths given, or it is named); run 2 takes it from PRIME_TOOL_WARM_DIR.
-warm=
-paths=0
-for arg in "$@"; do case "$arg" in -*) ;; *test_agentic_e2e*) warm=1 ;; *) paths=1 ;; esac; done
-[ "$paths" = 0 ] && warm=1
-if [ -n "$warm" ] && "$python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)"; then
-  warm=$(mktemp -d "${TMPDIR:-/tmp}/prime-tool-model.XXXXXX")
-  # its own process group, so that the build's processes stop with this script
-  OUT=$warm WARM_ONLY=1 SFT_STEPS=${PRIME_TOOL_SFT_STEPS:-500} PYTHON=$python PRIME=$(dirname "$python")/prime OMP_NUM_THREADS=1 setsid bash examples/tools/run.sh > "$warm/log" 2>&1 &
-  builder=$!
-  trap 'kill -TERM -- -$builder 2>/dev/null; rm -rf "$warm"' EXIT
-  trap 'exit 130' INT TERM
-else
-  warm=
-fi
 workers=${WORKERS:-2}
 if [ "$workers" = 1 ]; then
   "$python" -m pytest -m "not serial" "$@"
@@ -45,11 +28,6 @@ else
   OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$python" -m pytest -n "$workers" --dist loadfile -m "not serial" "$@"
 fi
 first=$?
-if [ -n "$warm" ]; then
-  wait "$builder"
-  echo $? > "$warm/exit"
-  export PRIME_TOOL_WARM_DIR=$warm
-fi
 "$python" -m pytest -m serial "$@"
 second=$?
 # 5: a run that collected nothing (e.g. a file holding only one kind of test); fine if the other ran.

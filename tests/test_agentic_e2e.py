@@ -58,18 +58,7 @@ def tool_model(tmp_path_factory) -> Path:
     """The tool example's model: tiny, warmed up on calculator conversations (30% with the
     tool) for the example's 500 steps, which it needs to copy the tool's result reliably (300
     steps: 28%), in rows of 256 tokens as the example packs them (its samples are at most 194):
-    ``examples/tools/run.sh`` with ``WARM_ONLY=1``. ``scripts/test.sh`` builds it in the
-    background while its first run goes on and names the folder in ``PRIME_TOOL_WARM_DIR``
-    (with the build's exit status in ``exit`` and its output in ``log``)."""
-    ahead = os.environ.get("PRIME_TOOL_WARM_DIR")
-    if ahead:
-        folder = Path(ahead)
-        status = (folder / "exit").read_text().strip() if (folder / "exit").exists() else "unknown"
-        if status != "0":
-            log = (folder / "log").read_text()[-4000:] if (folder / "log").exists() else "(no log)"
-            raise AssertionError(f"the tool model that scripts/test.sh built in {folder} failed (exit {status}):\n"
-                                 f"{log}")
-        return folder / "sft" / "model"
+    the example's own ``examples/tools/run.sh``, with ``WARM_ONLY=1``."""
     root = tmp_path_factory.mktemp("tool-model")
     env = {**os.environ, "OUT": str(root), "WARM_ONLY": "1", "PYTHON": sys.executable,
            "PRIME": str(Path(sys.executable).with_name("prime")),
