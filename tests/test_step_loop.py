@@ -103,3 +103,12 @@ def test_steps_queued_ahead_on_a_gpu_are_timed_from_the_end_of_the_step_before()
     wall = time.perf_counter() - wall
     assert 0.8 * wall < sum(times) <= wall, (times, wall)
     assert max(times) < 1.3 * min(times), times
+
+
+def test_the_sums_keep_every_key_and_a_token_count_past_float32s_integers():
+    import torch
+
+    from prime_core.trainer.step import SUM_KEYS, queue_sums
+
+    sums = queue_sums({"loss": torch.tensor(1.5)}, 2**24 + 1, grad_norm=torch.tensor(0.25))()
+    assert sums == {**dict.fromkeys(SUM_KEYS, 0.0), "loss": 1.5, "tokens": 2**24 + 1, "grad_norm": 0.25}

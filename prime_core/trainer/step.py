@@ -348,9 +348,10 @@ def queue_sums(device_sums: dict, tokens: float, grad_norm=None, world=None) -> 
         device = next(iter(device_sums.values())).device
     else:
         device = torch.device(world.device if world is not None else "cpu")
-    parts = {**device_sums, "tokens": torch.full((), float(tokens), device=device)}
-    summed = torch.stack([parts[key].float() if key in parts else torch.zeros((), device=device)
-                          for key in SUM_KEYS]).double()
+    # in float64: a step's token count can pass float32's exact integers
+    parts = {**device_sums, "tokens": torch.full((), float(tokens), dtype=torch.float64, device=device)}
+    summed = torch.stack([parts[key].double() if key in parts else torch.zeros((), dtype=torch.float64, device=device)
+                          for key in SUM_KEYS])
     if world is not None and world.distributed:
         from prime_core import distributed
 
