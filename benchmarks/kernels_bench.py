@@ -5,6 +5,7 @@
     python3 benchmarks/kernels_bench.py fp8 --tokens 8192 --out $OUT    # --backends deep_gemm torch: both; --profile
     python3 benchmarks/kernels_bench.py fp8_host --backends deep_gemm torch --reps 200 --out $OUT
     python3 benchmarks/kernels_bench.py adamw --out $OUT                       # --launch 4096:4 1024:8: launch shapes
+    python3 benchmarks/kernels_bench.py norm --out $OUT                        # --launch 8192:8 4096:4
     python3 benchmarks/kernels_bench.py moe --tokens 8192 --out $OUT           # --profile
     python3 benchmarks/kernels_bench.py grouped_mm --tokens 8192 --reps 20 --out $OUT
     python3 benchmarks/kernels_bench.py table --out $OUT
@@ -33,6 +34,13 @@ is negligible: what bounds a step whose host falls behind its GPU.
 ``adamw``: one update of one-process mixed precision's master weights (``prime_plugin_fsdp``):
 the trainer's unfused path against ``adamw``'s fused kernel, on the 1.7B and the 2.9B MoE
 shapes' tensors (``bench_adamw``).
+
+``norm``: the sum of the squares of every bf16 gradient of those shapes, as the fused update
+takes it (``norms.GradientNorms``, one ``adamw_kernel.squares`` launch a tensor), at each
+``--launch`` shape, against ``torch._foreach_norm`` (what ``clip_grad_norm_`` runs) and one
+``torch.linalg.vector_norm`` of all of them in one tensor (a single reduction: near the read
+bound). Wall time and GPU time (``gpu_seconds``); GB/s counts each gradient read once in the
+GPU time.
 
 ``moe``: the 2.9B MoE shape's layer (``SparseMoE``: 64 experts of 768, top 8, hidden 2,048;
 bf16) forward + backward, eager and compiled, with the local dispatcher's permutation in
@@ -83,6 +91,27 @@ def timed(fn, device, reps: int) -> tuple[float, float, float]:
     seconds = (time.perf_counter() - start) / reps
     peak = torch.cuda.max_memory_allocated() - base if device.type == "cuda" else 0
     return seconds, peak, host
+
+
+def gpu_seconds(fn, reps: int) -> float:
+    """Seconds of GPU time per call of ``fn`` (CUDA): the calls are queued behind a spin kernel
+    long enough to cover their launches, so time the host spends issuing them is not counted."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    issue = time.perf_counter() - start  # an upper bound of one call's host time
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(int(2e9 * issue * (reps + 1)))  # cycles: about 2 GHz
+    begin.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / 1e3 / reps
 
 
 def lm_head_impls():
@@ -456,6 +485,42 @@ def bench_adamw(args, device) -> list[dict]:
     return records
 
 
+def bench_norm(args, device) -> list[dict]:
+    import torch
+
+    from prime_plugin_fsdp import adamw
+    from prime_plugin_fsdp.norms import GradientNorms
+
+    default = (adamw.NORM_BLOCK, adamw.NORM_WARPS)
+    launches = [tuple(int(x) for x in text.split(":")) for text in args.launch] or [default]
+    records = []
+    for model in args.models:
+        grads = [torch.randn(s, device=device, dtype=torch.bfloat16) for s in adamw_shapes(model, args.tiny)]
+        numel = sum(g.numel() for g in grads)
+        for launch in launches:
+            adamw.NORM_BLOCK, adamw.NORM_WARPS = launch
+            norms = GradientNorms(grads)  # its slots are sized by NORM_BLOCK
+            records.append(norm_record(args, device, model, "squares", lambda n=norms, g=grads: n.squared(g), numel,
+                                       launch=list(launch)))
+        adamw.NORM_BLOCK, adamw.NORM_WARPS = default
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        records.append(norm_record(args, device, model, "foreach_norm", lambda g=grads: torch._foreach_norm(g), numel))
+        records.append(norm_record(args, device, model, "one vector_norm", lambda f=flat: torch.linalg.vector_norm(f),
+                                   numel))
+        del grads, flat, norms
+    return records
+
+
+def norm_record(args, device, model: str, path: str, fn, numel: int, **extra) -> dict:
+    """``ms``: a call's wall time (the host's launches included); ``gpu_ms``: its GPU time alone."""
+    seconds, _, _ = timed(fn, device, args.reps)
+    gpu = gpu_seconds(fn, args.reps) if device.type == "cuda" else seconds
+    record = {"bench": "norm", "model": model, "path": path, **extra, "params": numel, "ms": seconds * 1e3,
+              "gpu_ms": gpu * 1e3, "gbps": numel * 2 / gpu / 1e9}
+    emit(args, record)
+    return record
+
+
 def bench_moe(args, device) -> list[dict]:
     """``SparseMoE`` forward + backward with each permutation path, eager and compiled, and the
     permutation alone (``dispatch`` then ``combine`` of the copies, fwd+bwd)."""
@@ -696,11 +761,13 @@ def ratio(value, base) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("lm_head", "fp8", "fp8_host", "adamw", "moe", "grouped_mm", "table"))
+    parser.add_argument("mode", choices=("lm_head", "fp8", "fp8_host", "adamw", "norm", "moe", "grouped_mm",
+                                                   "table"))
     parser.add_argument("--models", nargs="+", default=["1.7B", "moe"], help="adamw: the shapes")
     parser.add_argument("--launch", nargs="+", default=[], metavar="BLOCK:WARPS",
-                        help="adamw, moe: time the fused kernel / the permutation's kernels at each of these launch "
-                             "shapes (default: their own; moe's are TILE:SPAN:WARPS, see moe_triton.TILE)")
+                        help="adamw, norm, moe: time the fused kernel / the squares / the permutation's kernels at "
+                             "each of these launch shapes (default: their own; norm's NORM_BLOCK:NORM_WARPS, "
+                             "moe's TILE:SPAN:WARPS, see moe_triton.TILE)")
     parser.add_argument("--backends", nargs="+", default=["auto"],
                         help="fp8: the fp8_linear backends to time, each beside its own bf16 run")
     parser.add_argument("--layers", nargs="+", default=[], metavar="MODEL:LAYER",
@@ -720,8 +787,8 @@ def main() -> int:
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    {"lm_head": bench_lm_head, "fp8": bench_fp8, "fp8_host": bench_fp8_host,
-     "adamw": bench_adamw, "moe": bench_moe, "grouped_mm": bench_grouped_mm}[args.mode](args, device)
+    {"lm_head": bench_lm_head, "fp8": bench_fp8, "fp8_host": bench_fp8_host, "adamw": bench_adamw,
+     "norm": bench_norm, "moe": bench_moe, "grouped_mm": bench_grouped_mm}[args.mode](args, device)
     return 0
 
 
