@@ -3,18 +3,26 @@
 # DIR first on PYTHONPATH ("now": nothing added), side by side in one job. The editable prime_core is not
 # shadowed this way; plugin packages are. E.g. VARIANTS="base=benchmarks/.whl/baseline now=now".
 # LOOPS="step pipelined": each variant in both step loops (parallel_bench.py --pipelined).
+# ROUTINGS="random balanced": each on the random weights' collapsed routing and on an even one (--routing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/prime-variants}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 python3 -c "import prime_core, prime_plugin_cp" 2>/dev/null || bash benchmarks/device_setup.sh > "$OUT/setup.log" 2>&1
-for item in $VARIANTS; do
-  for loop in ${LOOPS:-step}; do  # step: read each step before the next (prime trainer); pipelined: prime sft's
-    name=${item%%=*}; dir=${item#*=}; [ "$loop" = step ] || name=$name-$loop; mkdir -p "$OUT/$name"
-    PYTHONPATH=$([ "$dir" = now ] || realpath "$dir") timeout 200 python3 -m torch.distributed.run --standalone \
-      --nproc-per-node 1 benchmarks/parallel_bench.py moe --ep 1 --recipe ${RECIPE:-fast-bf16} --seq-lens 8192 \
-      --samples-per-group 1 --warmup 1 --steps ${STEPS:-8} $([ "$loop" = step ] || echo --pipelined) \
-      --out "$OUT/$name" > "$OUT/$name.log" 2>&1 || echo "$name exited $?"
-    echo "$name: $(grep -E '^moe ' "$OUT/$name.log")"
+for routing in ${ROUTINGS:-random}; do
+  for item in $VARIANTS; do
+    for loop in ${LOOPS:-step}; do  # step: read each step before the next (prime trainer); pipelined: prime sft's
+      name=${item%%=*}; dir=${item#*=}; [ "$loop" = step ] || name=$name-$loop
+      [ "$routing" = random ] || name=$name-$routing; mkdir -p "$OUT/$name"
+      PYTHONPATH=$([ "$dir" = now ] || realpath "$dir") timeout 200 python3 -m torch.distributed.run --standalone \
+        --nproc-per-node 1 benchmarks/parallel_bench.py moe --ep 1 --recipe ${RECIPE:-fast-bf16} --seq-lens 8192 \
+        --samples-per-group 1 --warmup 1 --steps ${STEPS:-8} $([ "$loop" = step ] || echo --pipelined) \
+        --routing "$routing" --out "$OUT/$name" > "$OUT/$name.log" 2>&1 || echo "$name exited $?"
+      echo "$name: $(grep -E '^moe ' "$OUT/$name.log")"
+      grep -m1 "routing:" "$OUT/$name.log"
+      # every run's result rows in one file, each with its variant's name (few files come back from a device call)
+      [ -f "$OUT/$name/parallel.jsonl" ] && python3 -c "import json,sys; [print(json.dumps({**json.loads(l), 'variant': sys.argv[1]})) for l in open(sys.argv[2])]" \
+        "$name" "$OUT/$name/parallel.jsonl" >> "$OUT/rows.jsonl" && rm -r "$OUT/$name"
+    done
   done
 done
