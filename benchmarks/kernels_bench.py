@@ -761,9 +761,9 @@ def ratio(value, base) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("lm_head", "fp8", "fp8_host", "adamw", "norm", "moe", "grouped_mm",
-                                                   "table"))
-    parser.add_argument("--models", nargs="+", default=["1.7B", "moe"], help="adamw: the shapes")
+    parser.add_argument("mode",
+                        choices=("lm_head", "fp8", "fp8_host", "adamw", "norm", "moe", "grouped_mm", "table"))
+    parser.add_argument("--models", nargs="+", default=["1.7B", "moe"], help="adamw, norm: the shapes")
     parser.add_argument("--launch", nargs="+", default=[], metavar="BLOCK:WARPS",
                         help="adamw, norm, moe: time the fused kernel / the squares / the permutation's kernels at "
                              "each of these launch shapes (default: their own; norm's NORM_BLOCK:NORM_WARPS, "
