@@ -9,6 +9,7 @@ MFU and peak memory per memory knob and sequence length, beside the plain Huggin
     python3 benchmarks/trainer_memory.py knobs --kind rl16 --samples-per-rank 16 --seq-lens 8192 \
         --knobs default optim_cpu_offload --out $OUT     # an RL-sized step: 16 samples
     python3 benchmarks/trainer_memory.py profile --seq-len 4096 --out $OUT   # where a step's time goes
+    python3 benchmarks/trainer_memory.py profile --memory --knob custom_ac_chunk --seq-len 131072 --out $OUT
     python3 benchmarks/trainer_memory.py table --out $OUT
 
 Each knob runs in its own process (a clean allocator), through the same code as
@@ -64,6 +65,9 @@ KNOBS = {
                          "reduce_dtype": "bfloat16"},
     "custom_ac_fast": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {}, "ac": {"freq": 1},
                        "attn": "torch_fused"},
+    # the longest sequences: the dense MLP in chunks of 64k tokens (its intermediates one chunk at a time)
+    "custom_ac_chunk": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
+                        "ac": {"freq": 1, "mlp_token_chunk_size": 65536}, "attn": "torch_fused"},
     "custom_fp8_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
                            "quantization": "fp8"},
     "custom_ac": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "ac": {"freq": 1}},
@@ -198,6 +202,10 @@ def profile(args) -> int:
 
     for _ in range(2):
         step()
+    if args.memory:
+        print(peak_breakdown(step, device=world.device), flush=True)
+        distributed.shutdown()
+        return 0
     times: list = []
     for _ in range(3):
         step(times)
@@ -222,6 +230,56 @@ def profile(args) -> int:
         trace.unlink()
     distributed.shutdown()
     return 0
+
+
+def peak_breakdown(step, device, rows: int = 30) -> str:
+    """What is allocated at the step's peak: ``step()`` run under the allocator's history, the
+    history replayed to its largest moment, and the blocks alive then summed by where they were
+    allocated (the innermost frame of prime's code, and the innermost frame)."""
+    import torch
+
+    from prime_core.memory import GIB
+
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.memory._record_memory_history(max_entries=4_000_000)
+    step()
+    torch.cuda.synchronize(device)
+    snapshot = torch.cuda.memory._snapshot(device)
+    torch.cuda.memory._record_memory_history(enabled=None)
+    trace = snapshot["device_traces"][device.index or 0]
+
+    def replay(stop=None):
+        live, total, top, at = {}, 0, 0, 0
+        for index, event in enumerate(trace[:stop]):
+            if event["action"] == "alloc":
+                live[event["addr"]] = event
+                total += event["size"]
+            elif event["action"] == "free_completed" and event["addr"] in live:
+                total -= live.pop(event["addr"])["size"]
+            if total > top:
+                top, at = total, index + 1
+        return live, top, at
+
+    _, top, at = replay()
+    live, _, _ = replay(at)
+
+    def where(frames) -> str:
+        ours = next((f for f in frames if "prime" in f["filename"] and "/benchmarks/" not in f["filename"]), None)
+        inner = frames[0] if frames else {"filename": "?", "line": 0, "name": "?"}
+        label = f"{Path(inner['filename']).name}:{inner['line']} {inner['name']}"
+        return label if ours is None else f"{Path(ours['filename']).name}:{ours['line']} {ours['name']} <- {label}"
+
+    groups: dict[str, list] = {}
+    for event in live.values():
+        group = groups.setdefault(where(event.get("frames") or []), [0, 0])
+        group[0] += event["size"]
+        group[1] += 1
+    lines = [f"memory at the step's peak: {(before + top) / GIB:.2f} GiB allocated ({before / GIB:.2f} before the "
+             f"step, {top / GIB:.2f} allocated in it and alive; event {at} of {len(trace)})"]
+    for label, (size, count) in sorted(groups.items(), key=lambda item: -item[1][0])[:rows]:
+        lines.append(f"{size / GIB:9.3f} GiB {count:6d}x  {label[:150]}")
+    return "\n".join(lines)
 
 
 # GPU kernels by what they do, matched on lower-cased kernel names (first match wins).
@@ -312,6 +370,8 @@ def main() -> int:
     parser.add_argument("--samples-per-rank", type=int, default=1)
     parser.add_argument("--stop-at-oom", action="store_true")
     parser.add_argument("--trace", action="store_true", help="profile: also write a gzipped Chrome trace of the step")
+    parser.add_argument("--memory", action="store_true",
+                        help="profile: instead of timing, what is allocated at the step's peak, by where")
     parser.add_argument("--tiny", action="store_true", help="a small model: smoke test on a CPU")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -9,9 +9,18 @@ are recomputed, a smaller saving for a smaller recompute cost:
 - ``attention``: the whole attention sub-block;
 - ``mlp_proj``: the MLP's gate/up/down projections;
 - ``mlp``: the whole MLP sub-block.
+
+``mlp_token_chunk_size``: in those blocks each dense MLP runs over chunks of at most that many
+tokens, each chunk under its own checkpoint (``TokenChunkedMLP``). A token's MLP output depends
+on that token alone, so the chunks compute the same numbers; in the backward pass autograd
+finishes one chunk (its recomputation, then its gradients) before it starts the next, so the
+MLP's intermediates (three of ``intermediate_size`` per token, and their gradients) exist for
+one chunk at a time. The weights' gradients are summed over the chunks, as over micro-batches.
 """
 
 from __future__ import annotations
+
+import functools
 
 TARGETS = {
     "norm": lambda name, module: type(module).__name__.endswith(("Norm", "RMSNorm", "LayerNorm")),
@@ -22,25 +31,89 @@ TARGETS = {
 }
 
 
-def wrap(module):
+def wrap(module, *, compile_inside: bool = False):
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
-    return checkpoint_wrapper(module, checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=False)
+    wrapper = checkpoint_wrapper(module, checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=False)
+    if compile_inside:
+        # A block with its MLP in chunks cannot be traced into one checkpointed graph (the chunk
+        # loop stays out of graphs), so torch.compile of the wrapper would run the whole block
+        # eagerly. Compiled inside the checkpoint, all of the block but the chunks is compiled
+        # (the compile strategy calls ``compile`` on each block it finds).
+        wrapper.compile = module.compile
+    return wrapper
 
 
 def apply(model, *, config, **_):
+    from prime_core.errors import ConfigError
     from prime_core.trainer.model import transformer_blocks
 
     ac = config.ac
     blocks = transformer_blocks(model)
+    chunked = 0
     for index, block in enumerate(blocks):
         if index % ac.freq:
             continue
+        targets = ac.targets
+        has_chunks = bool(ac.mlp_token_chunk_size) and chunk_mlps(block, ac.mlp_token_chunk_size) > 0
+        if has_chunks:
+            chunked += 1
+            # The chunks are recomputed already: checkpointing the MLP again would recompute it twice.
+            targets = [t for t in targets if t not in ("mlp", "mlp_proj")]
         if ac.mode == "full":
-            blocks[index] = wrap(block)
-        else:
-            wrap_selected(block, ac.targets)
+            blocks[index] = wrap(block, compile_inside=has_chunks)
+        elif targets:
+            wrap_selected(block, targets)
+    if ac.mlp_token_chunk_size and not chunked:
+        raise ConfigError([f"trainer.model.ac.mlp_token_chunk_size = {ac.mlp_token_chunk_size}: no checkpointed "
+                           f"block of {type(model).__name__} has a dense MLP (a sub-module named mlp or "
+                           "feed_forward, without experts) to run in chunks; remove the key"])
     return model
+
+
+def chunkable(module) -> bool:
+    """A dense MLP: a token's output depends on that token alone and nothing inside talks to
+    other ranks (an MoE layer under expert parallelism exchanges tokens, and ranks would run
+    different numbers of chunks)."""
+    return not hasattr(module, "experts")
+
+
+def chunk_mlps(block, size: int) -> int:
+    """Replace each dense MLP of ``block`` by a ``TokenChunkedMLP`` of ``size`` tokens; how many."""
+    names = [name for name, module in block.named_modules()
+             if name and TARGETS["mlp"](name, module) and chunkable(module)]
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = block.get_submodule(parent_name) if parent_name else block
+        setattr(parent, child, token_chunked_class()(getattr(parent, child), size))
+    return len(names)
+
+
+@functools.cache
+def token_chunked_class():
+    import torch
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper
+
+    class TokenChunkedMLP(ActivationWrapper):
+        """Runs the wrapped MLP over ``size`` tokens at a time, each chunk checkpointed. A
+        checkpoint wrapper as torch's are: parameter and state-dict names leave it out."""
+
+        def __init__(self, mlp, size: int) -> None:
+            super().__init__(mlp)
+            self.size = size
+
+        # Outside a compiled block's graph: the number of chunks follows the row's length.
+        @torch._dynamo.disable
+        def forward(self, x):
+            from torch.utils.checkpoint import checkpoint
+
+            flat = x.reshape(-1, x.shape[-1])
+            pieces = [checkpoint(self._checkpoint_wrapped_module, piece, use_reentrant=False,
+                                 preserve_rng_state=False) for piece in flat.split(self.size)]
+            out = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+            return out.view(*x.shape[:-1], out.shape[-1])
+
+    return TokenChunkedMLP
 
 
 def wrap_selected(block, targets: list[str]) -> int:

@@ -20,6 +20,12 @@ class ACConfig(Section):
         default_factory=lambda: ["norm"], min_length=1)
     """Sub-modules recomputed in ``selective`` mode: ``norm`` (normalisation layers), ``attn_proj``
     (q/k/v/o projections), ``attention``, ``mlp_proj`` (gate/up/down projections), ``mlp``."""
+    mlp_token_chunk_size: int | None = Field(default=None, ge=1)
+    """Run the dense MLP of each checkpointed block over at most this many tokens at a time,
+    each chunk recomputed on its own in the backward pass: its gate, up and product (and their
+    gradients) exist for one chunk at a time instead of the whole row, the largest part of a
+    block's backward at long sequences. Costs one more MLP forward a block (in ``full`` mode);
+    MoE layers are left whole. ``None``: off."""
 
 
 class ACOffloadingConfig(Section):

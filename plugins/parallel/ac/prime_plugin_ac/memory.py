@@ -6,18 +6,33 @@ from __future__ import annotations
 def checkpointing(est, config) -> None:
     """``full``: a checkpointed block keeps only its input, and recomputes its activations
     while its backward runs. ``selective``: the targets' parts keep only their inputs
-    (``BlockProfile.targets``), and are recomputed one at a time."""
+    (``BlockProfile.targets``), and are recomputed one at a time. ``mlp_token_chunk_size``: a
+    dense MLP's intermediates and their gradients exist for one chunk of the row at a time,
+    beside its output (or its input's gradient) joined from the chunks."""
     ac = config.ac
+    chunk = ac.mlp_token_chunk_size
 
     def rule(block) -> None:
         if block.index % ac.freq:
             return
+        covered, keeps = block.profile.targets.get("mlp", ((), 0.0))
+        chunked = bool(chunk) and covered and "router" not in block.parts  # MoE layers stay whole
+        # Per token of the row: what the MLP holds beyond its input, and one chunk's share of that
+        # and of the backward's gradients (the dense block's backward term is the MLP's).
+        inner = sum(block.parts.get(part, 0.0) for part in covered) - keeps if chunked else 0.0
+        one_chunk = (inner + block.profile.backward) * min(1.0, chunk / est.tokens) + keeps if chunked else 0.0
         if ac.mode == "full":
-            block.transient = block.gpu + block.profile.backward
+            block.transient = (block.gpu - inner + one_chunk if chunked else block.gpu + block.profile.backward)
             block.gpu = block.profile.input
             return
         recomputed = 0.0
-        for target in ac.targets:
+        targets = [t for t in ac.targets if not (chunked and t in ("mlp", "mlp_proj"))]
+        if chunked:
+            for part in covered:
+                block.parts.pop(part, None)
+            block.parts["mlp (chunk inputs)"] = keeps
+            block.transient = one_chunk
+        for target in targets:
             covered, keeps = block.profile.targets.get(target, ((), 0.0))
             removed = sum(block.parts.pop(part, 0.0) for part in covered)
             if removed:
