@@ -7,7 +7,7 @@
     python3 benchmarks/kernels_bench.py adamw --out $OUT                       # --launch 4096:4 1024:8: launch shapes
     python3 benchmarks/kernels_bench.py norm --out $OUT                        # --launch 8192:8 4096:4
     python3 benchmarks/kernels_bench.py moe --tokens 8192 --out $OUT           # --profile
-    python3 benchmarks/kernels_bench.py grouped_mm --tokens 8192 --reps 20 --out $OUT
+    python3 benchmarks/kernels_bench.py grouped_mm --tokens 8192 --reps 20 --out $OUT   # --autotune
     python3 benchmarks/kernels_bench.py table --out $OUT
 
 ``lm_head``: forward + backward of the LM head at Qwen3's vocabulary (151,936) and hidden size
@@ -619,11 +619,35 @@ def bench_grouped_mm(args, device) -> list[dict]:
         for case, (a, b, flops) in cases.items():
             seconds, _, host = timed(lambda a=a, b=b, offs=offs: torch._grouped_mm(a, b, offs=offs), device,
                                        args.reps)
+            gpu = gpu_seconds(lambda a=a, b=b, offs=offs: torch._grouped_mm(a, b, offs=offs), args.reps)
             record = {"bench": "grouped_mm", "case": case, "tokens": tokens, "ms": seconds * 1e3,
-                      "host_ms": host * 1e3, "tflops": flops / seconds / 1e12}
+                      "host_ms": host * 1e3, "gpu_ms": gpu * 1e3, "tflops": flops / gpu / 1e12}
             records.append(record)
             emit(args, record)
+            if args.autotune:
+                records.append(autotuned_grouped_mm(args, case, tokens, a, b, offs, flops, gpu))
     return records
+
+
+def autotuned_grouped_mm(args, case, tokens, a, b, offs, flops, eager_gpu) -> dict:
+    """``torch._grouped_mm`` compiled with Inductor's max-autotune (its persistent Triton template
+    against the ATen kernel, benchmarked on even groups); the chosen kernel's GPU time on the
+    bench's routing, and its largest difference from the eager result."""
+    import torch
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, b, offs: torch._grouped_mm(a, b, offs=offs), dynamic=False,
+                             options={"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"})
+    start = time.perf_counter()
+    result = compiled(a, b, offs)
+    tune = time.perf_counter() - start
+    error = (result.float() - torch._grouped_mm(a, b, offs=offs).float()).abs().max().item()
+    gpu = gpu_seconds(lambda: compiled(a, b, offs), args.reps)
+    record = {"bench": "grouped_mm", "case": case, "tokens": tokens, "path": "max-autotune",
+              "gpu_ms": gpu * 1e3, "tflops": flops / gpu / 1e12, "vs_eager": eager_gpu / gpu,
+              "max_abs_diff": error, "tune_s": tune}
+    emit(args, record)
+    return record
 
 
 def emit(args, record: dict) -> None:
@@ -775,6 +799,9 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true",
                         help="fp8, moe: print the profiler's host and GPU tables of each FP8 linear's / the compiled "
                              "MoE layer's calls")
+    parser.add_argument("--autotune", action="store_true",
+                        help="grouped_mm: each case also compiled with Inductor's max-autotune (Triton template "
+                             "against ATen), timed on the same routing")
     parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("/tmp/prime-kernels"))
