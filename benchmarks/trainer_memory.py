@@ -235,7 +235,8 @@ def profile(args) -> int:
 def peak_breakdown(step, device, rows: int = 30) -> str:
     """What is allocated at the step's peak: ``step()`` run under the allocator's history, the
     history replayed to its largest moment, and the blocks alive then summed by where they were
-    allocated (the innermost frame of prime's code, and the innermost frame)."""
+    allocated (the innermost frame of prime's code, and the innermost Python frame). Blocks
+    allocated before the step are counted as a whole in ``before``, even those freed during it."""
     import torch
 
     from prime_core.memory import GIB
@@ -265,9 +266,11 @@ def peak_breakdown(step, device, rows: int = 30) -> str:
     live, _, _ = replay(at)
 
     def where(frames) -> str:
-        ours = next((f for f in frames if "prime" in f["filename"] and "/benchmarks/" not in f["filename"]), None)
-        inner = frames[0] if frames else {"filename": "?", "line": 0, "name": "?"}
-        label = f"{Path(inner['filename']).name}:{inner['line']} {inner['name']}"
+        python = [f for f in frames if f["filename"].endswith(".py")]  # the innermost frames are C++ (unwind)
+        ours = next((f for f in python if "prime" in f["filename"] and "/benchmarks/" not in f["filename"]), None)
+        if not python:
+            return "(no Python frame: the autograd engine, the allocator's own)"
+        label = f"{Path(python[0]['filename']).name}:{python[0]['line']} {python[0]['name']}"
         return label if ours is None else f"{Path(ours['filename']).name}:{ours['line']} {ours['name']} <- {label}"
 
     groups: dict[str, list] = {}

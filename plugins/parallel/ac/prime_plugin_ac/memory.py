@@ -16,13 +16,13 @@ def checkpointing(est, config) -> None:
         if block.index % ac.freq:
             return
         covered, keeps = block.profile.targets.get("mlp", ((), 0.0))
-        chunked = bool(chunk) and covered and "router" not in block.parts  # MoE layers stay whole
+        chunked = bool(chunk and covered) and "router" not in block.parts  # MoE layers stay whole
         # Per token of the row: what the MLP holds beyond its input, and one chunk's share of that
         # and of the backward's gradients (the dense block's backward term is the MLP's).
         inner = sum(block.parts.get(part, 0.0) for part in covered) - keeps if chunked else 0.0
         one_chunk = (inner + block.profile.backward) * min(1.0, chunk / est.tokens) + keeps if chunked else 0.0
         if ac.mode == "full":
-            block.transient = (block.gpu - inner + one_chunk if chunked else block.gpu + block.profile.backward)
+            block.transient = block.gpu - inner + one_chunk if chunked else block.gpu + block.profile.backward
             block.gpu = block.profile.input
             return
         recomputed = 0.0
