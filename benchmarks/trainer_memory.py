@@ -65,6 +65,9 @@ KNOBS = {
                          "reduce_dtype": "bfloat16"},
     "custom_ac_fast": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {}, "ac": {"freq": 1},
                        "attn": "torch_fused"},
+    # AC's block inputs in pinned host memory (copied on a side stream, two in flight)
+    "custom_ac_offload": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {}, "ac": {"freq": 1},
+                          "ac_offloading": {"max_inflight_activations": 2}, "attn": "torch_fused"},
     # the longest sequences: the dense MLP in chunks of 64k tokens (its intermediates one chunk at a time)
     "custom_ac_chunk": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
                         "ac": {"freq": 1, "mlp_token_chunk_size": 65536}, "attn": "torch_fused"},
@@ -124,10 +127,10 @@ def worker(args) -> int:
         bench = BenchConfig(warmup_steps=args.warmup, steps=args.steps)
         meter = BenchMeter(bench, world=world, model=training.policy.model, hf_config=training.policy.hf_config,
                            dtype="bfloat16", label={"config": args.knob, "seq_len": seq_len})
-        fake = FakeDataConfig(batch_size=per_rank * world.size, length="fixed")
+        fake = FakeDataConfig(batch_size=per_rank * world.size, length=args.length)
         rng = random.Random(0)
         plan = planned(config, world, seq_len, per_rank)
-        record = {"kind": args.kind, "config": args.knob, "seq_len": seq_len, "build_s": build_s,
+        record = {"kind": args.kind, "config": args.knob, "seq_len": seq_len, "length": args.length, "build_s": build_s,
                   "predicted_peak_gib": plan.peak / GIB, "lm_head": plan.lm_head}
         try:
             meter.run_fake_steps(training, fake, seq_len, rng, loss_fn=loss_fn, max_norm=1.0)
@@ -319,7 +322,8 @@ def spawn(args, knob: str, seq_lens: list[int], kind: str, extra: list[str] = ()
     command = [sys.executable, __file__, "worker", *(["--tiny"] if args.tiny else []), "--knob", knob, "--kind", kind,
                "--out", str(args.out),
                "--model-dir", str(args.model_dir), "--warmup", str(args.warmup), "--steps", str(args.steps),
-               "--samples-per-rank", str(args.samples_per_rank), "--seq-lens", *map(str, seq_lens), *extra]
+               "--samples-per-rank", str(args.samples_per_rank), "--length", args.length,
+               "--seq-lens", *map(str, seq_lens), *extra]
     with open(args.out / f"{kind}-{knob}.log", "w") as log:
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
     print(f"{kind} {knob}: exit {code} ({args.out / f'{kind}-{knob}.log'})", flush=True)
@@ -371,6 +375,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--samples-per-rank", type=int, default=1)
+    parser.add_argument("--length", choices=("fixed", "variable"), default="fixed",
+                        help="variable: each sample 8 to seq_len tokens, packed into rows (several samples a row)")
     parser.add_argument("--stop-at-oom", action="store_true")
     parser.add_argument("--trace", action="store_true", help="profile: also write a gzipped Chrome trace of the step")
     parser.add_argument("--memory", action="store_true",

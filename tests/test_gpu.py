@@ -201,3 +201,51 @@ def test_fast_defaults_on_a_gpu(tmp_path, capsys):
     assert fast[0].model.model.layers[0].self_attn.attention_fn.__name__ == "torch_fused"
     assert "attn = 'torch_fused'" in capsys.readouterr().out.splitlines()[0]
     assert torch.allclose(fast[1].float(), reference[1].float(), atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["one-sample", "packed"])
+def test_checkpointed_blocks_stay_compiled_on_a_gpu(tmp_path, packed):
+    """With AC on every block and the fast defaults (compiled blocks, torch_fused attention: cuDNN
+    for a row of one sample, flash varlen outside graphs for a packed row), no norm of a block
+    runs its Python at run time, forward or recomputation: only the final norm does."""
+    import sys
+
+    import torch
+
+    from prime_core import distributed
+    from prime_core.config.checks import section_model
+    from prime_core.parity import TINY
+    from prime_core.plugins import get_plugin_manager
+    from prime_core.trainer.build import build_policy
+    from prime_core.trainer.model import predicted_logprobs
+    from prime_plugin_custom.layers import RMSNorm
+    from prime_plugin_hf.tiny import build_tiny
+
+    folder = build_tiny(tmp_path / "tiny", **TINY)
+    world = distributed.World(device=torch.device("cuda", torch.cuda.current_device()))
+    ids = torch.randint(0, 250, (1, 96), device="cuda")
+    positions = (torch.cat([torch.arange(60), torch.arange(36)]) if packed else torch.arange(96))[None].cuda()
+    try:
+        config = section_model("trainer", "model")(name=str(folder), dtype="bfloat16", ac={"freq": 1})
+        policy = build_policy(config, get_plugin_manager(), world)
+        assert {"ac", "compile"} <= set(policy.applied)
+
+        def step():
+            logprobs, entropy = predicted_logprobs(policy.model, ids, positions, torch.roll(ids[0], -1))
+            (logprobs.sum() + entropy.sum()).backward()
+
+        step()  # compiles
+        norms = []
+
+        def count(frame, event, arg):
+            if event == "call" and frame.f_code is RMSNorm.forward.__code__:
+                norms.append(frame.f_back.f_code.co_name)
+
+        sys.setprofile(count)
+        try:
+            step()
+        finally:
+            sys.setprofile(None)
+    finally:
+        distributed.shutdown()
+    assert len(norms) == 1, norms

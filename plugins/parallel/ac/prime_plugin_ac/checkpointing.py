@@ -36,10 +36,12 @@ def wrap(module, *, compile_inside: bool = False):
 
     wrapper = checkpoint_wrapper(module, checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=False)
     if compile_inside:
-        # A block with its MLP in chunks cannot be traced into one checkpointed graph (the chunk
-        # loop stays out of graphs), so torch.compile of the wrapper would run the whole block
-        # eagerly. Compiled inside the checkpoint, all of the block but the chunks is compiled
-        # (the compile strategy calls ``compile`` on each block it finds).
+        # torch.compile of the wrapper traces the checkpoint as one higher-order op, and only when
+        # the whole block traces without a graph break; at one break (the varlen attention of a
+        # packed row and the MLP's token chunks stay out of graphs by design) dynamo runs the
+        # whole block eagerly, its forward and its recomputation. Compiled inside the checkpoint,
+        # a break splits the block's graph in two (the compile strategy calls ``compile`` on
+        # each block it finds).
         wrapper.compile = module.compile
     return wrapper
 
@@ -61,7 +63,7 @@ def apply(model, *, config, **_):
             # The chunks are recomputed already: checkpointing the MLP again would recompute it twice.
             targets = [t for t in targets if t not in ("mlp", "mlp_proj")]
         if ac.mode == "full":
-            blocks[index] = wrap(block, compile_inside=has_chunks)
+            blocks[index] = wrap(block, compile_inside=True)
         elif targets:
             wrap_selected(block, targets)
     if ac.mlp_token_chunk_size and not chunked:

@@ -80,6 +80,16 @@ def _wrapper_class():
             super().__init__()
             self._offload_wrapped_module = block
             self._offloader = offloader
+            # The compile strategy compiles the block inside the hooks: dynamo would run the
+            # whole block eagerly at the hooks' graph break.
+            self.compile = block.compile
+
+        def __getattr__(self, name: str):
+            # Transparent, as torch's checkpoint wrapper is: the model reads its blocks' parts.
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                return getattr(self._offload_wrapped_module, name)
 
         def forward(self, *args, **kwargs):
             with torch.autograd.graph.saved_tensors_hooks(self._offloader.pack, self._offloader.unpack):

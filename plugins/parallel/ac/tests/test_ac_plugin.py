@@ -145,6 +145,60 @@ def test_compiled_blocks_run_the_chunks_outside_their_graphs():
         assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-5), name
 
 
+@pytest.mark.parametrize("offloaded", [False, True], ids=["checkpointed", "checkpointed-and-offloaded"])
+def test_a_graph_break_in_a_checkpointed_block_leaves_the_rest_compiled(offloaded):
+    """A packed row's varlen attention stays out of graphs (``torch.compiler.disable``). Traced
+    as one checkpoint, such a block would run eagerly, forward and recomputation; compiled
+    inside its checkpoint (and inside the offloading hooks), only the attention kernel does: no
+    norm of a block runs its Python. The native model reads its blocks' parts through both wrappers."""
+    import sys
+
+    import torch
+
+    from prime_core.config.checks import section_model
+    from prime_plugin_ac import checkpointing, offloading
+    from prime_plugin_custom.layers import RMSNorm, sdpa_attention
+    from prime_plugin_custom.model import CausalLM
+    from prime_plugin_custom.tiny import tiny_config
+
+    def build():
+        torch.manual_seed(0)
+        return CausalLM(tiny_config("Qwen3ForCausalLM"))
+
+    plain, model = build(), build()
+    outside = torch.compiler.disable(sdpa_attention)
+    for module in model.modules():
+        if type(module).__name__ == "Attention":
+            module.attention_fn = outside
+    config = section_model("trainer", "model")(ac={"freq": 1}, ac_offloading={"max_inflight_activations": 1})
+    checkpointing.apply(model, config=config)
+    if offloaded:
+        offloading.apply(model, config=config)
+        assert type(model.model.layers[0]).__name__ == "OffloadedBlock"
+    torch._dynamo.reset()
+    for block in model.model.layers:
+        block.compile(backend="aot_eager")
+    ids = torch.randint(0, 256, (1, 24), generator=torch.Generator().manual_seed(4))
+    positions = torch.cat([torch.arange(15), torch.arange(9)])[None]  # two samples
+    model(ids, positions).logits.sum().backward()  # compiles
+    model.zero_grad()
+    norms = []
+
+    def count(frame, event, arg):
+        if event == "call" and frame.f_code is RMSNorm.forward.__code__:
+            norms.append(frame)
+
+    sys.setprofile(count)
+    try:
+        model(ids, positions).logits.sum().backward()
+    finally:
+        sys.setprofile(None)
+    assert len(norms) == 1  # the final norm, outside the blocks
+    plain(ids, positions).logits.sum().backward()
+    for (name, a), b in zip(plain.named_parameters(), model.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, atol=1e-4, rtol=1e-4), name
+
+
 def test_each_chunk_is_recomputed_and_differentiated_before_the_next():
     """What bounds the memory: in the backward pass a chunk's MLP is recomputed, then its
     gradients taken, before any other chunk is recomputed."""
