@@ -71,7 +71,7 @@ def single_sample(packing) -> bool:
 def cudnn_causal(q, k, v, scale):
     """One sample's causal attention through cuDNN (``[L, H, D]`` in and out). cuDNN takes
     grouped kv heads as they are from 9.19 on (``GQA_CUDNN``); before, only repeated."""
-    if k.shape[1] != q.shape[1] and torch.backends.cudnn.version() < GQA_CUDNN:
+    if k.shape[1] != q.shape[1] and not cudnn_takes_grouped_heads():
         repeat = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
     q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
@@ -84,6 +84,14 @@ GQA_CUDNN = 91900
 """The first cuDNN that takes fewer kv heads than query heads. Repeating them costs the 2.9B MoE
 shape's step on an H200 1.1% (the copies forward, their gradients' sums backward; 0.9 GiB more
 at the peak), where stop 47 timed a layer alone slightly faster with them repeated."""
+
+
+# A constant to dynamo: called in a compiled block, ``torch.backends.cudnn.version()`` is a graph
+# break ("torch.* op returned non-Tensor"), which split every block in two, and ran a whole
+# checkpointed block eagerly.
+@torch.compiler.assume_constant_result
+def cudnn_takes_grouped_heads() -> bool:
+    return (torch.backends.cudnn.version() or 0) >= GQA_CUDNN
 
 
 def torch_fused(q, k, v, packing, scale):

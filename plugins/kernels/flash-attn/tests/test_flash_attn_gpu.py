@@ -135,3 +135,21 @@ def test_torch_flash_compiled_block_does_not_recompile_per_packing():
         k = v = torch.randn(1024, 4, 64, device="cuda", dtype=torch.bfloat16)
         block(q, k, v, Packing.from_position_ids(positions))
     assert counts["stats"]["unique_graphs"] <= 2, dict(counts["stats"])
+
+
+@TORCH_FUSED
+def test_torch_fused_one_sample_row_traces_into_one_graph():
+    """A row of one sample runs cuDNN inside the compiled block's graph: no graph break (a break
+    splits every block in two and runs a checkpointed block eagerly)."""
+    import torch._dynamo
+
+    from prime_plugin_flash_attn.torch_kernels import prepare, torch_fused
+
+    torch._dynamo.reset()
+    packing = Packing.from_position_ids(torch.arange(1024, device="cuda"))
+    prepare(packing)
+    q = torch.randn(1024, 8, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = v = torch.randn(1024, 4, 64, device="cuda", dtype=torch.bfloat16)
+    block = torch.compile(lambda q, k, v: torch_fused(q * 2, k, v, packing, 0.125).sum(), fullgraph=True)
+    block(q, k, v).backward()
+    assert q.grad is not None
