@@ -8,13 +8,15 @@ MFU and peak memory per memory knob and sequence length, beside the plain Huggin
     torchrun --nproc-per-node 2 benchmarks/trainer_memory.py scaling --seq-len 8192 --out $OUT
     python3 benchmarks/trainer_memory.py knobs --kind rl16 --samples-per-rank 16 --seq-lens 8192 \
         --knobs default optim_cpu_offload --out $OUT     # an RL-sized step: 16 samples
+    python3 benchmarks/trainer_memory.py knobs --knobs custom_ac_fast --length variable --samples-per-rank 8 \
+        --seq-lens 32768 --out $OUT                      # packed rows: 8 samples of 8 to 32,768 tokens
     python3 benchmarks/trainer_memory.py profile --seq-len 4096 --out $OUT   # where a step's time goes
     python3 benchmarks/trainer_memory.py profile --memory --knob custom_ac_chunk --seq-len 131072 --out $OUT
     python3 benchmarks/trainer_memory.py table --out $OUT
 
 Each knob runs in its own process (a clean allocator), through the same code as
 ``prime trainer --bench``: the core's build order, FSDP2 on one GPU (bf16 compute, fp32 master
-weights, fp32 AdamW state), the RL loss on fake fixed-length samples (one sample per step, one
+weights, fp32 AdamW state), the RL loss on fake fixed-length samples (one sample per step unless told, one
 step = ``warmup`` + ``steps`` optimizer steps), MFU and peak memory from ``prime_core.bench``.
 Results are JSON lines in ``OUT/results.jsonl``; ``table`` prints them.
 """

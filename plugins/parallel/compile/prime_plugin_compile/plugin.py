@@ -2,9 +2,10 @@
 ``trainer.model.compile``).
 
 Each transformer block (after checkpointing/offloading wrappers, before FSDP) is compiled in
-place with ``torch.compile``; the blocks share one compiled graph because they have the same
-code and shapes. Compiling blocks rather than the whole model keeps graph breaks at the
-boundaries FSDP hooks into. ``fullgraph = true`` makes any graph break an error.
+place with ``torch.compile`` (the wrappers pass ``compile`` on to the block inside them); the
+blocks share one compiled graph because they have the same code and shapes. Compiling blocks
+rather than the whole model keeps graph breaks at the boundaries FSDP hooks into.
+``fullgraph = true`` makes any graph break an error.
 """
 
 from __future__ import annotations
