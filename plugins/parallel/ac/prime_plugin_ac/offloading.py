@@ -80,8 +80,8 @@ def _wrapper_class():
             super().__init__()
             self._offload_wrapped_module = block
             self._offloader = offloader
-            # The compile strategy compiles the block inside the hooks: dynamo would run the
-            # whole block eagerly at the hooks' graph break.
+            # The compile strategy compiles the block inside the hooks, which are a graph break
+            # to dynamo (and the block inside may be a checkpoint that compiles its own block).
             self.compile = block.compile
 
         def __getattr__(self, name: str):
