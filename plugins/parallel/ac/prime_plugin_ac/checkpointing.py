@@ -31,18 +31,17 @@ TARGETS = {
 }
 
 
-def wrap(module, *, compile_inside: bool = False):
+def wrap(module):
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
     wrapper = checkpoint_wrapper(module, checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=False)
-    if compile_inside:
-        # torch.compile of the wrapper traces the checkpoint as one higher-order op, and only when
-        # the whole block traces without a graph break; at one break (the varlen attention of a
-        # packed row and the MLP's token chunks stay out of graphs by design) dynamo runs the
-        # whole block eagerly, its forward and its recomputation. Compiled inside the checkpoint,
-        # a break splits the block's graph in two (the compile strategy calls ``compile`` on
-        # each block it finds).
-        wrapper.compile = module.compile
+    # torch.compile of the wrapper traces the checkpoint as one higher-order op, and only when the
+    # whole block traces without a graph break; at one break (the varlen attention of a packed
+    # row and the MLP's token chunks stay out of graphs by design) dynamo runs the whole block
+    # eagerly, its forward and its recomputation. Compiled inside the checkpoint, a break splits
+    # the block's graph in two (the compile strategy calls ``compile`` on each block it finds;
+    # selective mode's wrappers sit inside a block and are traced with it).
+    wrapper.compile = module.compile
     return wrapper
 
 
@@ -63,7 +62,7 @@ def apply(model, *, config, **_):
             # The chunks are recomputed already: checkpointing the MLP again would recompute it twice.
             targets = [t for t in targets if t not in ("mlp", "mlp_proj")]
         if ac.mode == "full":
-            blocks[index] = wrap(block, compile_inside=True)
+            blocks[index] = wrap(block)
         elif targets:
             wrap_selected(block, targets)
     if ac.mlp_token_chunk_size and not chunked:
