@@ -208,14 +208,13 @@ def test_checkpointed_blocks_stay_compiled_on_a_gpu(tmp_path, packed):
     """With AC on every block and the fast defaults (compiled blocks, torch_fused attention: cuDNN
     for a row of one sample, flash varlen outside graphs for a packed row), no norm of a block
     runs its Python at run time, forward or recomputation: only the final norm does."""
-    import sys
-
     import torch
 
     from prime_core import distributed
     from prime_core.config.checks import section_model
     from prime_core.parity import TINY
     from prime_core.plugins import get_plugin_manager
+    from prime_core.testing.compiled import python_calls
     from prime_core.trainer.build import build_policy
     from prime_core.trainer.model import predicted_logprobs
     from prime_plugin_custom.layers import RMSNorm
@@ -235,17 +234,7 @@ def test_checkpointed_blocks_stay_compiled_on_a_gpu(tmp_path, packed):
             (logprobs.sum() + entropy.sum()).backward()
 
         step()  # compiles
-        norms = []
-
-        def count(frame, event, arg):
-            if event == "call" and frame.f_code is RMSNorm.forward.__code__:
-                norms.append(frame.f_back.f_code.co_name)
-
-        sys.setprofile(count)
-        try:
-            step()
-        finally:
-            sys.setprofile(None)
+        norms = python_calls(RMSNorm.forward, step)
     finally:
         distributed.shutdown()
     assert len(norms) == 1, norms

@@ -1,6 +1,6 @@
 """prime-plugin-ac: full and selective checkpointing, the MLP in token chunks and activation
-offloading change memory, not numbers: 2 gloo processes with FSDP match a single eager process over several steps (the
-parallel-strategy contract suite)."""
+offloading change memory, not numbers: 2 gloo processes with FSDP match a single eager process
+over several steps (the parallel-strategy contract suite)."""
 
 import pytest
 
@@ -94,6 +94,13 @@ def test_selective_targets_that_match_nothing_are_an_error():
         wrap_selected(torch.nn.Sequential(torch.nn.ReLU()), ["attn_proj"])
 
 
+def _same_gradients(plain, model, tolerance: float = 1e-6) -> None:
+    import torch
+
+    for (name, a), b in zip(plain.named_parameters(), model.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, atol=tolerance, rtol=max(tolerance, 1e-5)), name
+
+
 def _chunked(ac: dict):
     from prime_core.config.checks import section_model
     from prime_plugin_ac import checkpointing
@@ -117,8 +124,7 @@ def test_mlp_chunks_give_the_gradients_of_the_whole_mlp(ac):
     assert type(mlp).__name__ == "TokenChunkedMLP"
     assert type(mlp._checkpoint_wrapped_module).__name__ == "Qwen3MLP"  # its projections not wrapped again
     model(ids, labels=ids).loss.backward()
-    for (name, a), b in zip(plain.named_parameters(), model.parameters(), strict=True):
-        assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-5), name
+    _same_gradients(plain, model)
 
 
 def test_compiled_blocks_run_the_chunks_outside_their_graphs():
@@ -141,8 +147,7 @@ def test_compiled_blocks_run_the_chunks_outside_their_graphs():
         block.compile(backend=backend)
     model(ids, labels=ids, use_cache=False).loss.backward()
     assert graphs and max(graphs) > 20  # the attention half of the block, traced
-    for (name, a), b in zip(plain.named_parameters(), model.parameters(), strict=True):
-        assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-5), name
+    _same_gradients(plain, model)
 
 
 @pytest.mark.parametrize("offloaded", [False, True], ids=["checkpointed", "checkpointed-and-offloaded"])
@@ -151,11 +156,10 @@ def test_a_graph_break_in_a_checkpointed_block_leaves_the_rest_compiled(offloade
     as one checkpoint, such a block would run eagerly, forward and recomputation; compiled
     inside its checkpoint (and inside the offloading hooks), only the attention kernel does: no
     norm of a block runs its Python. The native model reads its blocks' parts through both wrappers."""
-    import sys
-
     import torch
 
     from prime_core.config.checks import section_model
+    from prime_core.testing.compiled import python_calls
     from prime_plugin_ac import checkpointing, offloading
     from prime_plugin_custom.layers import RMSNorm, sdpa_attention
     from prime_plugin_custom.model import CausalLM
@@ -182,21 +186,10 @@ def test_a_graph_break_in_a_checkpointed_block_leaves_the_rest_compiled(offloade
     positions = torch.cat([torch.arange(15), torch.arange(9)])[None]  # two samples
     model(ids, positions).logits.sum().backward()  # compiles
     model.zero_grad()
-    norms = []
-
-    def count(frame, event, arg):
-        if event == "call" and frame.f_code is RMSNorm.forward.__code__:
-            norms.append(frame)
-
-    sys.setprofile(count)
-    try:
-        model(ids, positions).logits.sum().backward()
-    finally:
-        sys.setprofile(None)
-    assert len(norms) == 1  # the final norm, outside the blocks
+    norms = python_calls(RMSNorm.forward, lambda: model(ids, positions).logits.sum().backward())
+    assert len(norms) == 1, norms  # the final norm, outside the blocks
     plain(ids, positions).logits.sum().backward()
-    for (name, a), b in zip(plain.named_parameters(), model.parameters(), strict=True):
-        assert torch.allclose(a.grad, b.grad, atol=1e-4, rtol=1e-4), name
+    _same_gradients(plain, model, tolerance=1e-4)
 
 
 def test_each_chunk_is_recomputed_and_differentiated_before_the_next():
