@@ -25,6 +25,9 @@ Helpers: ``config_only_model(folder, **config)`` writes a model folder that pass
 config's model-folder checks (``config.json`` from ``config``, a weights file with no tensors,
 a tokenizer) for tests of what a config or plugin reads from ``config.json``.
 
+``prime_core.testing.compiled.python_calls(function, run)``: who called ``function``'s Python
+code while ``run()`` ran; code inside a compiled graph never does (tests that blocks stay compiled).
+
 Contract suites, one per plugin kind, live in ``prime_core.testing.contracts`` (imported only
 by the tests that use them): subclass ``EnvironmentContract``, ``KernelContract``, ... in a
 plugin's ``tests/test_contract.py`` and pytest runs the kind's documented contract against it.
