@@ -187,13 +187,14 @@ def attention_reference(q, k, v, lengths, scale):
     return torch.cat(out)
 
 
-def check_attention(impl, *, dtype, device, tolerance=None, seed=0, **_):
+def check_attention(impl, *, dtype, device, tolerance=None, seed=0, head_dim=16, **_):
+    """``head_dim``: a kernel's contract may name one it supports (``options``)."""
     tolerance = tolerance or TOLERANCE[dtype]
     torch = _torch()
     from prime_core.trainer.packing import Packing
 
     errors = {}
-    scale = 16 ** -0.5
+    scale = head_dim ** -0.5
 
     def call(a, b, c, positions):
         packing = Packing.from_position_ids(positions)
@@ -203,8 +204,8 @@ def check_attention(impl, *, dtype, device, tolerance=None, seed=0, **_):
 
     for lengths in ([17], [5, 9, 3]):
         positions = torch.cat([torch.arange(n) for n in lengths]).to(device)
-        q, k, v = _inputs((sum(lengths), 4, 16), (sum(lengths), 2, 16), (sum(lengths), 2, 16), dtype=dtype,
-                          device=device, seed=seed + len(lengths))
+        q, k, v = _inputs(*((sum(lengths), heads, head_dim) for heads in (4, 2, 2)), dtype=dtype, device=device,
+                          seed=seed + len(lengths))
         found = _run(f"attention on samples {lengths}", functools.partial(call, positions=positions), [q, k, v],
                      functools.partial(attention_reference, lengths=lengths, scale=scale), tolerance=tolerance,
                      seed=seed, names=("q", "k", "v"))

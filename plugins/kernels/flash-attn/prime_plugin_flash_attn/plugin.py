@@ -1,5 +1,5 @@
-"""Hooks of prime-plugin-flash-attn: flash-attention 2 and 3 (varlen) as the attention kernel,
-``attention:flash_attention_2`` and ``attention:flash_attention_3``, and torch's bundled copy of
+"""Hooks of prime-plugin-flash-attn: flash-attention 2, 3 and 4 (varlen) as the attention kernel,
+``attention:flash_attention_2``, ``_3`` and ``_4``, and torch's bundled copy of
 flash-attention 2's varlen kernel, ``attention:torch_flash``, and ``attention:torch_fused`` (cuDNN
 for one-sample rows, torch_flash for packed ones; neither needs a package), selected by
 ``trainer.model.attn`` for native models (``impl = "custom"``).
@@ -19,13 +19,28 @@ FA2_HINT = ("pip install flash-attn --no-build-isolation (prebuilt wheels per to
             "https://github.com/Dao-AILab/flash-attention/releases)")
 FA3_HINT = ("build it from the hopper/ folder of https://github.com/Dao-AILab/flash-attention "
             "(cd hopper && python setup.py install; Hopper GPUs, CUDA >= 12.3)")
+FA4_HEAD_DIMS = (32, 64, 128)
+"""The head dims ``attention:flash_attention_4`` was checked at against the float64 reference on
+an H200 (flash-attn-4 4.0.0b36), packed rows and one-sample rows, grouped kv heads or not. At 16
+its Hopper backward over packed rows gave wrong gradients (every ``dq`` off by about 100%; ``dk``,
+``dv`` too with grouped heads), so dims not checked are refused rather than trusted."""
+FA4_HINT = ("pip install flash-attn-4 (flash-attention 4: CuTe DSL kernels compiled at first use, for Hopper and "
+            "Blackwell GPUs; it pulls nvidia-cutlass-dsl)")
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a submodule's parent package is missing
+        return False
 
 
 def _unavailable(module: str, what: str, hint: str, function: str = "flash_attn_varlen_func") -> str | None:
     import importlib
-    import importlib.util
 
-    if importlib.util.find_spec(module) is None:
+    if not _installed(module):
         return f"{module} is not installed ({what}): {hint}"
     import torch
 
@@ -49,6 +64,20 @@ def flash_attention_2_unavailable() -> str | None:
 def flash_attention_3_unavailable() -> str | None:
     """``None`` where flash-attention 3 can run; otherwise why not, with the fix."""
     return _unavailable("flash_attn_interface", "flash-attention 3", FA3_HINT)
+
+
+def flash_attention_4_unavailable() -> str | None:
+    """``None`` where flash-attention 4 can run (a Hopper or newer GPU); otherwise why not, with the fix."""
+    reason = _unavailable("flash_attn.cute", "flash-attention 4", FA4_HINT)
+    if reason:
+        return reason
+    import torch
+
+    major, _ = torch.cuda.get_device_capability()
+    if major < 9:
+        return (f"flash-attention 4 runs on Hopper and Blackwell GPUs (compute capability 9.0+), this one is "
+                f"{major}.x; use trainer.model.attn = 'torch_fused'")
+    return None
 
 
 def torch_flash_unavailable() -> str | None:
@@ -79,18 +108,34 @@ def torch_fused_unavailable() -> str | None:
     return None
 
 
+def flash_attention_4_fits(context) -> bool:
+    """Whether ``auto`` takes flash-attention 4 for the native model: installed, a Hopper or newer
+    GPU (``prime plan``: installed, without importing it or touching the GPU), and the model's head
+    dim checked."""
+    from prime_plugin_custom.families import head_dim  # the native model's plugin: context.impl == "custom"
+
+    if context.hf_config is None or head_dim(context.hf_config) not in FA4_HEAD_DIMS:
+        return False
+    return _installed("flash_attn.cute") if context.planning else flash_attention_4_unavailable() is None
+
+
 @hookimpl
 def prime_trainer_defaults(model_config, context):
-    """``attn = "auto"`` with the native model on a GPU in bf16/fp16: ``torch_fused`` (cuDNN
-    for rows of one sample, 1.7x flash-attention 2 on an H200 at 8k-32k tokens; flash varlen
-    for packed rows, one call instead of one per sample), where torch has both kernels
-    (``prime plan`` assumes it does)."""
+    """``attn = "auto"`` with the native model on a GPU in bf16/fp16: ``flash_attention_4`` where
+    flash-attn-4 is installed and the head dim is one it was checked at (on an H200 against
+    ``torch_fused``, same jobs: the dense 1.7B step at 8k tokens 1.03x on rows of one sample and
+    1.35x on packed rows, the 2.9B MoE step 1.02-1.03x); else ``torch_fused`` (cuDNN for rows of
+    one sample, 1.7x flash-attention 2 at 8k-32k tokens; flash varlen for packed rows, one call
+    instead of one per sample), where torch has both kernels (``prime plan`` assumes it does)."""
     if model_config.attn != "auto" or not context.fast or context.impl != "custom":
-        return None
-    if not context.planning and torch_fused_unavailable() is not None:  # planning: no CUDA call
         return None
     from prime_core.trainer.defaults import Choice
 
+    if flash_attention_4_fits(context):
+        return [Choice("attn", "flash_attention_4", "flash-attention 4 is installed; on an H200 it leads cuDNN and "
+                                                    "flash varlen, packed rows most")]
+    if not context.planning and torch_fused_unavailable() is not None:  # planning: no CUDA call
+        return None
     return [Choice("attn", "torch_fused", "cuDNN attention for rows of one sample, flash varlen for packed rows")]
 
 
@@ -104,6 +149,10 @@ def prime_kernels():
         Kernel(op="attention", name="flash_attention_3", impl="prime_plugin_flash_attn.varlen:flash_attention_3",
                available=flash_attention_3_unavailable, reference=reference,
                description="flash-attention 3 (Hopper) varlen over a packed row's samples (bf16/fp16, GQA)"),
+        Kernel(op="attention", name="flash_attention_4", impl="prime_plugin_flash_attn.varlen:flash_attention_4",
+               available=flash_attention_4_unavailable, reference=reference,
+               description="flash-attention 4 (CuTe DSL; Hopper, Blackwell) over a packed row's samples "
+                           "(bf16/fp16, GQA)"),
         Kernel(op="attention", name="torch_flash", impl="prime_plugin_flash_attn.torch_kernels:torch_flash",
                available=torch_flash_unavailable, reference=reference,
                description="torch's bundled flash-attention 2 varlen kernel: one call per packed row, "

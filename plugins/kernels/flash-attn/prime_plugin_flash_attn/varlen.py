@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from prime_plugin_flash_attn.plugin import FA4_HEAD_DIMS
+
 _CACHE = "flash_attn_cu_seqlens"
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -94,7 +96,30 @@ def flash_attention_3(q, k, v, packing, scale):
     return _varlen(flash_attn_varlen_func, q, k, v, packing, scale, "flash_attention_3")
 
 
+# flash-attention 4's Python (its kernel configuration and JIT cache) is not traceable: the
+# call stays out of compiled graphs, as ``torch_flash`` does.
+@torch.compiler.disable
+def flash_attention_4(q, k, v, packing, scale):
+    """``attention:flash_attention_4``: flash-attention 4's CuTe DSL kernels (``flash_attn.cute``,
+    Hopper and Blackwell), same contract as ``flash_attention_2``, at the head dims of
+    ``FA4_HEAD_DIMS``. A row of one sample runs the fixed-length kernel (batch of one), a packed
+    row the varlen one."""
+    from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+
+    whole_row(packing, "flash_attention_4")
+    check_inputs(q, k, v, "flash_attention_4")
+    if q.shape[-1] not in FA4_HEAD_DIMS:
+        raise ValueError(f"attention:flash_attention_4 is checked at head dims {', '.join(map(str, FA4_HEAD_DIMS))}; "
+                         f"this model's is {q.shape[-1]} (flash-attn-4's Hopper backward gave wrong gradients at "
+                         "16): set trainer.model.attn = 'torch_fused'")
+    if q.shape[0] and len(cu_seqlens(packing)[0]) <= 2:
+        out = flash_attn_func(q[None], k[None], v[None], softmax_scale=float(scale), causal=True)
+        return (out[0] if isinstance(out, tuple) else out)[0]
+    return _varlen(flash_attn_varlen_func, q, k, v, packing, scale, "flash_attention_4")
+
+
 # The native model calls ``attention_fn.prepare(packing)`` once per forward, outside compiled
 # blocks, so that the host sync of ``cu_seqlens`` does not happen inside the first layer's graph.
 flash_attention_2.prepare = cu_seqlens
 flash_attention_3.prepare = cu_seqlens
+flash_attention_4.prepare = cu_seqlens

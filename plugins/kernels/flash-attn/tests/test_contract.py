@@ -1,5 +1,5 @@
 """The attention kernels meet the kernel contract (prime_core.testing.contracts.kernel).
-flash-attention 2 and 3 run against the CPU stand-ins in ``fakes/`` where they cannot run
+flash-attention 2, 3 and 4 run against the CPU stand-ins in ``fakes/`` where they cannot run
 (checking the plugin's varlen plumbing, not flash-attention); torch's bundled kernels need a
 CUDA GPU and skip with the reason elsewhere."""
 
@@ -46,6 +46,11 @@ class TestFlashAttention2(FlashContract):
 
 class TestFlashAttention3(FlashContract):
     name = "attention:flash_attention_3"
+
+
+class TestFlashAttention4(FlashContract):
+    name = "attention:flash_attention_4"
+    options = {"head_dim": 32}  # the smallest it takes (varlen.FA4_HEAD_DIMS)
 
 
 class TestTorchFlash(AttentionContract):

@@ -14,6 +14,8 @@ FA2 = pytest.mark.skipif(plugin.flash_attention_2_unavailable() is not None,
                          reason=str(plugin.flash_attention_2_unavailable()))
 FA3 = pytest.mark.skipif(plugin.flash_attention_3_unavailable() is not None,
                          reason=str(plugin.flash_attention_3_unavailable()))
+FA4 = pytest.mark.skipif(plugin.flash_attention_4_unavailable() is not None,
+                         reason=str(plugin.flash_attention_4_unavailable()))
 ROWS = [([1000, 37, 500, 1], 16, 4, 128), ([2048], 8, 8, 64), ([3, 300, 65], 32, 8, 128)]
 
 
@@ -60,8 +62,16 @@ def test_flash_attention_3_matches_sdpa(lengths, heads, kv_heads, dim):
     _check_against_sdpa(_kernel("flash_attention_3"), lengths, heads, kv_heads, dim, torch.bfloat16)
 
 
-@FA2
-def test_native_model_on_flash_attention_2_matches_sdpa(tmp_path):
+@FA4
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("lengths", "heads", "kv_heads", "dim"), [*ROWS, ([4096], 32, 4, 128)])
+def test_flash_attention_4_matches_sdpa(lengths, heads, kv_heads, dim, dtype):
+    _check_against_sdpa(_kernel("flash_attention_4"), lengths, heads, kv_heads, dim, dtype)
+
+
+@pytest.mark.parametrize("attn", [pytest.param("flash_attention_2", marks=FA2),
+                                  pytest.param("flash_attention_4", marks=FA4)])
+def test_native_model_on_flash_attention_matches_sdpa(tmp_path, attn):
     from types import SimpleNamespace
 
     from prime_core.plugins import PluginManager, set_plugin_manager
@@ -71,8 +81,8 @@ def test_native_model_on_flash_attention_2_matches_sdpa(tmp_path):
     folder = save_tiny(tmp_path / "qwen3", "Qwen3ForCausalLM", head_dim=64)
     set_plugin_manager(PluginManager(autoload=True, disabled=()).load())
     try:
-        models = [build(SimpleNamespace(name=str(folder), dtype="bfloat16", attn=attn, trust_remote_code=False),
-                        device="cuda") for attn in ("flash_attention_2", "sdpa")]
+        models = [build(SimpleNamespace(name=str(folder), dtype="bfloat16", attn=kernel, trust_remote_code=False),
+                        device="cuda") for kernel in (attn, "sdpa")]
     finally:
         set_plugin_manager(None)
     positions = torch.cat([torch.arange(n) for n in (40, 7, 81)])[None].cuda()

@@ -17,7 +17,7 @@ from prime_core.errors import PluginError
 from prime_core.plugins import PluginManager, set_plugin_manager
 from prime_core.trainer.packing import Packing, cp_indices
 from prime_plugin_flash_attn import plugin, torch_kernels, varlen
-from prime_plugin_flash_attn.varlen import cu_seqlens, flash_attention_2, flash_attention_3
+from prime_plugin_flash_attn.varlen import cu_seqlens, flash_attention_2, flash_attention_3, flash_attention_4
 
 pytest_plugins = ["prime_core.testing"]
 
@@ -82,8 +82,8 @@ def test_registers_the_attention_kernels():
     record = manager.records["flash_attn"]
     assert (record.status, record.dist) == ("active", "prime-plugin-flash-attn")
     kernels = {spec.key: spec for spec in manager.provided_by(record)["prime_kernels"]}
-    assert set(kernels) == {"attention:flash_attention_2", "attention:flash_attention_3", "attention:torch_flash",
-                            "attention:torch_fused"}
+    assert set(kernels) == {"attention:flash_attention_2", "attention:flash_attention_3",
+                            "attention:flash_attention_4", "attention:torch_flash", "attention:torch_fused"}
     assert all(spec.reference == "prime_plugin_custom.layers.sdpa_attention" for spec in kernels.values())
     assert manager.registry("kernels")["attention:flash_attention_2"].plugin == "flash_attn"
 
@@ -133,6 +133,7 @@ def test_the_kernels_can_prepare_a_packing_ahead_of_the_layers():
     packing = Packing.from_position_ids(torch.tensor([0, 1, 2, 0]))
     varlen.flash_attention_2.prepare(packing)
     assert varlen.flash_attention_3.prepare is varlen.flash_attention_2.prepare
+    assert varlen.flash_attention_4.prepare is varlen.flash_attention_2.prepare
     packing.segment_ids = None  # the layers must not look at it again
     assert cu_seqlens(packing)[0].tolist() == [0, 3, 4]
 
@@ -151,6 +152,21 @@ def test_without_flash_attention_the_reasons_name_the_fix(no_flash):
     assert fa2.startswith("flash_attn is not installed (flash-attention 2): "
                           "pip install flash-attn --no-build-isolation")
     assert fa3.startswith("flash_attn_interface is not installed (flash-attention 3): build it from the hopper/")
+    assert plugin.flash_attention_4_unavailable().startswith(
+        "flash_attn.cute is not installed (flash-attention 4): pip install flash-attn-4")
+
+
+def test_flash_attention_4_without_flash_attn_at_all(monkeypatch):
+    """``flash_attn.cute``'s parent package missing too: a reason, not ModuleNotFoundError."""
+    real = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        if name.split(".")[0] in FLASH_MODULES:
+            raise ModuleNotFoundError(f"No module named '{name.split('.')[0]}'")
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert plugin.flash_attention_4_unavailable().startswith("flash_attn.cute is not installed")
 
 
 def test_torch_flash_without_a_gpu_names_the_fallback(monkeypatch):
@@ -179,7 +195,8 @@ def test_torch_fused_marks_one_sample_rows_once():
 
 def test_with_flash_attention_but_no_gpu(fake_flash, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    for reason in (plugin.flash_attention_2_unavailable(), plugin.flash_attention_3_unavailable()):
+    for reason in (plugin.flash_attention_2_unavailable(), plugin.flash_attention_3_unavailable(),
+                   plugin.flash_attention_4_unavailable()):
         assert "needs a CUDA GPU" in reason and "attn = 'sdpa'" in reason
 
 
@@ -187,6 +204,15 @@ def test_available_with_flash_attention_and_a_gpu(fake_flash, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert plugin.flash_attention_2_unavailable() is None
     assert plugin.flash_attention_3_unavailable() is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert plugin.flash_attention_4_unavailable() is None
+
+
+def test_flash_attention_4_before_hopper_names_the_fallback(fake_flash, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    reason = plugin.flash_attention_4_unavailable()
+    assert "compute capability 9.0+), this one is 8.x" in reason and "attn = 'torch_fused'" in reason
 
 
 def test_a_broken_build_is_reported_with_the_fix(fake_module, monkeypatch):
@@ -218,13 +244,13 @@ def _qkv(length, heads=4, kv_heads=2, dim=8, dtype=torch.bfloat16):
             for h in (heads, kv_heads, kv_heads)]
 
 
-@pytest.mark.parametrize("kernel", [flash_attention_2, flash_attention_3])
+@pytest.mark.parametrize("kernel", [flash_attention_2, flash_attention_3, flash_attention_4])
 def test_kernel_passes_the_samples_and_matches_sdpa_attention(fake_flash, kernel):
     from prime_plugin_custom.layers import sdpa_attention
 
     lengths = [5, 9, 2]
     positions = torch.cat([torch.arange(n) for n in lengths])
-    q, k, v = _qkv(len(positions))
+    q, k, v = _qkv(len(positions), dim=32)  # a head dim every kernel takes
     out = kernel(q, k, v, Packing.from_position_ids(positions), 0.3)
     assert fake_flash.calls == [{"cu": [0, 5, 14, 16], "max": 9, "scale": 0.3, "causal": True}]
     assert out.shape == q.shape and out.dtype == torch.bfloat16
@@ -237,6 +263,18 @@ def test_kernel_passes_the_samples_and_matches_sdpa_attention(fake_flash, kernel
     ref_grads = torch.autograd.grad((ref * probe).sum(), ref_inputs)
     for got, want in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+
+
+def test_flash_attention_4_runs_a_row_of_one_sample_as_a_batch_of_one(fake_flash):
+    from prime_plugin_custom.layers import sdpa_attention
+
+    q, k, v = _qkv(11, dim=32)
+    packing = Packing.from_position_ids(torch.arange(11))
+    out = flash_attention_4(q, k, v, packing, 0.3)
+    assert fake_flash.calls == [{"cu": [0, 11], "max": 11, "scale": 0.3, "causal": True}]
+    ref = sdpa_attention(*(t.detach().float() for t in (q, k, v)), packing, 0.3)
+    assert out.shape == q.shape
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
 def test_kernel_refuses_float32_and_context_parallel_subsets(fake_flash):
@@ -309,3 +347,34 @@ def test_the_native_model_runs_on_it(tiny_qwen3, installed_plugins, fake_flash, 
     # one flash call per layer, the row's boundaries computed once
     assert [c["cu"] for c in fake_flash.calls] == [[0, 6, 16]] * len(flash.model.layers)
     torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)
+
+
+# ------------------------------------------------------------------ attn = "auto"
+
+
+def _auto(head_dim, planning):
+    from prime_core.trainer.defaults import Context
+
+    hf_config = SimpleNamespace(head_dim=head_dim, hidden_size=2048, num_attention_heads=16)
+    context = Context(device="cuda", role="trainer", impl="custom", hf_config=hf_config, planning=planning)
+    choices = plugin.prime_trainer_defaults(SimpleNamespace(attn="auto"), context)
+    return {choice.key: choice.value for choice in choices}
+
+
+@pytest.mark.parametrize("planning", [True, False])
+def test_auto_takes_flash_attention_4_where_installed_at_a_checked_head_dim(fake_flash, monkeypatch, planning):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(plugin, "torch_fused_unavailable", lambda: None)
+    assert _auto(128, planning) == {"attn": "flash_attention_4"}
+    assert _auto(16, planning) == {"attn": "torch_fused"}  # not checked there: the other kernels
+
+
+def test_auto_takes_torch_fused_without_flash_attention_4(no_flash):
+    assert _auto(128, planning=True) == {"attn": "torch_fused"}
+
+
+def test_flash_attention_4_refuses_head_dims_it_was_not_checked_at(fake_flash):
+    q, k, v = _qkv(6, dim=16)
+    with pytest.raises(ValueError, match="checked at head dims 32, 64, 128; this model's is 16.*'torch_fused'"):
+        flash_attention_4(q, k, v, Packing.from_position_ids(torch.arange(6)), 0.3)
