@@ -253,6 +253,8 @@ class BenchMeter:
             "device": device_description(self.world.device), "devices": self.world.size,
             "steps": len(steps), "warmup_steps": self.config.warmup_steps,
             "step_time_s": statistics.mean(times), "step_time_std_s": statistics.pstdev(times),
+            "step_time_median_s": statistics.median(times),
+            "step_times_s": [round(t, 6) for t in times],  # an outlier (a recompilation, say) shows here
             "tokens_per_step": statistics.mean(s["tokens"] for s in steps),
             "tokens_per_s": statistics.mean(tokens_per_s),
             "tokens_per_s_per_device": statistics.mean(tokens_per_s) / self.world.size,

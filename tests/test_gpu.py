@@ -168,8 +168,8 @@ def test_expert_and_context_parallel_with_nccl_match_one_eager_process(tmp_path,
 
 
 def test_fast_defaults_on_a_gpu(tmp_path, capsys):
-    """With no performance key set, a bf16 run of the native model on a GPU gets torch's fused
-    attention, the chunked LM head and compiled blocks, says so first, and computes what the
+    """With no performance key set, a bf16 run of the native model on a GPU gets the fastest
+    attention kernel installed, the chunked LM head and compiled blocks, says so first, and computes what the
     reference paths compute (bf16 rounding apart)."""
     import torch
 
@@ -198,8 +198,12 @@ def test_fast_defaults_on_a_gpu(tmp_path, capsys):
     fast, reference = results["fast"], results["reference"]
     assert {"fused_lm_head", "compile"} <= set(fast[0].applied) and not {"fused_lm_head", "compile"} & set(
         reference[0].applied)
-    assert fast[0].model.model.layers[0].self_attn.attention_fn.__name__ == "torch_fused"
-    assert "attn = 'torch_fused'" in capsys.readouterr().out.splitlines()[0]
+    from prime_plugin_flash_attn.plugin import FA4_HEAD_DIMS, flash_attention_4_unavailable
+
+    fa4 = flash_attention_4_unavailable() is None and TINY.get("head_dim") in FA4_HEAD_DIMS
+    picked = "flash_attention_4" if fa4 else "torch_fused"  # where flash-attn-4 is installed, it leads
+    assert fast[0].model.model.layers[0].self_attn.attention_fn.__name__ == picked
+    assert f"attn = '{picked}'" in capsys.readouterr().out.splitlines()[0]
     assert torch.allclose(fast[1].float(), reference[1].float(), atol=5e-2, rtol=5e-2)
 
 

@@ -138,3 +138,18 @@ def test_prime_plan_predicts_the_run_as_it_will_be_decided(prime_cli, installed_
     assert "decided at start: attn = 'torch_fused'" in result.output
     # The LM head the GPU run will use; a tiny row's logits are small enough to keep for the backward.
     assert "fused (auto token chunks, logits kept for backward)" in result.output
+
+
+
+@pytest.mark.parametrize("head_dim, attn", [(16, "torch_fused"), (32, "flash_attention_4")])
+def test_the_plugins_decide_with_the_checkpoint_s_config(installed_plugins, tmp_path, monkeypatch, head_dim, attn):
+    """The plugins see the checkpoint's config: with flash-attention 4 installed, ``prime plan``
+    takes it only at a head dim it was checked at."""
+    from prime_plugin_flash_attn import plugin
+
+    monkeypatch.setattr(plugin, "_installed", lambda module: module == "flash_attn.cute")
+    folder = config_only_model(tmp_path / "qwen3", model_type="qwen3", architectures=["Qwen3ForCausalLM"],
+                               hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, head_dim=head_dim, vocab_size=320, max_position_embeddings=256)
+    config, _ = _decide(installed_plugins, folder)
+    assert config.attn == attn

@@ -51,9 +51,10 @@ def device_type(world) -> str:
 def decide_defaults(model_config, manager, world, impl_name: str, role: str, *, planning: bool = False):
     """``(trainer.model with its undecided keys decided, the choices)`` for ``world``'s device."""
     from prime_core.trainer.defaults import Context, impl_choice, resolve
+    from prime_core.trainer.model import hf_config_of
 
     context = Context(device=device_type(world), role=role, impl=impl_name, dtype=model_config.dtype,
-                      processes=world.size, planning=planning)
+                      processes=world.size, hf_config=hf_config_of(model_config), planning=planning)
     first = impl_choice(model_config, impl_name)
     model_config, choices = resolve(model_config.model_copy(update={"impl": impl_name}), manager, context)
     return model_config, ([first] if first else []) + choices

@@ -47,6 +47,7 @@ class Context:
     """``trainer.model.dtype``: the compute dtype."""
     processes: int = 1
     hf_config: Any = None
+    """The checkpoint's Hugging Face config (a kernel may take only some head dims, say)."""
     planning: bool = False
     """``prime plan`` (and ``prime run`` before it launches): decide without touching the GPU,
     which would leave a CUDA context in the launching process; assume what a current GPU has."""

@@ -6,17 +6,23 @@ from __future__ import annotations
 from prime_core.errors import PluginError
 
 
-def resolve_impl(model_config, manager):
-    """The ``ModelImpl`` for ``trainer.model.impl``; ``auto`` takes the highest-priority
-    implementation that supports the checkpoint's architecture."""
-    if model_config.impl != "auto":
-        return manager.select("model_impls", model_config.impl, key="trainer.model.impl")
+def hf_config_of(model_config):
+    """The checkpoint's Hugging Face config (``trainer.model.name``), with a clear error where it
+    cannot be read."""
     from transformers import AutoConfig
 
     from prime_core.hub import loading
 
     with loading(model_config.name, "model.name"):
-        hf_config = AutoConfig.from_pretrained(model_config.name, trust_remote_code=model_config.trust_remote_code)
+        return AutoConfig.from_pretrained(model_config.name, trust_remote_code=model_config.trust_remote_code)
+
+
+def resolve_impl(model_config, manager):
+    """The ``ModelImpl`` for ``trainer.model.impl``; ``auto`` takes the highest-priority
+    implementation that supports the checkpoint's architecture."""
+    if model_config.impl != "auto":
+        return manager.select("model_impls", model_config.impl, key="trainer.model.impl")
+    hf_config = hf_config_of(model_config)
     candidates = [p.spec for p in manager.registry("model_impls").values()
                   if p.spec.unavailable_reason() is None and (p.spec.supports is None or p.spec.supports(hf_config))]
     if not candidates:
