@@ -8,15 +8,18 @@ packed with several samples (the RL case).
 Kernels: ``sdpa_flash`` / ``sdpa_cudnn`` / ``sdpa_efficient`` (torch's SDPA with one backend
 forced; a packed row runs one call per sample, as ``layers.sdpa_attention`` does) and
 ``torch_varlen`` (torch's bundled flash-attention 2 varlen kernel: one call per row, through
-prime's ``attention:torch_flash`` kernel) and ``torch_fused`` (``attention:torch_fused``: cuDNN
-for one sample, ``torch_flash`` for several). TFLOP/s counts causal model flops (half the square),
-forward + backward = 3.5x forward. Results: ``OUT/attention.jsonl``.
+prime's ``attention:torch_flash`` kernel), ``torch_fused`` (``attention:torch_fused``: cuDNN
+for one sample, ``torch_flash`` for several) and ``flash_attention_4`` (``attention:flash_attention_4``,
+where ``flash-attn-4`` is installed: its first call compiles the kernels, before the timed ones).
+TFLOP/s counts causal model flops (half the square), forward + backward = 3.5x forward. Results:
+``OUT/attention.jsonl``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 
@@ -56,7 +59,7 @@ def attention_kernels() -> dict:
 
     return {"sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
             "sdpa_efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION), "torch_varlen": registered("torch_flash"),
-            "torch_fused": registered("torch_fused")}
+            "torch_fused": registered("torch_fused"), "flash_attention_4": registered("flash_attention_4")}
 
 
 def main() -> int:
@@ -67,6 +70,7 @@ def main() -> int:
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--kernels", nargs="+", help="only these (default: all)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -74,6 +78,8 @@ def main() -> int:
     import torch
 
     kernels = attention_kernels()
+    if args.kernels:
+        kernels = {name: kernels[name] for name in args.kernels}
     device = torch.device("cuda")
     results = []
     for tokens in args.tokens:
@@ -92,8 +98,12 @@ def main() -> int:
                 record = {"kernel": name, "tokens": tokens, "samples": samples}
                 try:
                     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+                    torch.cuda.synchronize()
+                    first = time.perf_counter()
                     out = fn(*leaves, bounds, scale)
                     out.backward(grad)
+                    torch.cuda.synchronize()
+                    record["first_call_s"] = time.perf_counter() - first  # with any JIT compilation
                     got = [out.detach().float()] + [t.grad.float() for t in leaves]
                     if reference is None:
                         reference = got

@@ -4,6 +4,7 @@
 # shadowed this way; plugin packages are. E.g. VARIANTS="base=benchmarks/.whl/baseline now=now".
 # LOOPS="step pipelined": each variant in both step loops (parallel_bench.py --pipelined).
 # ROUTINGS="random balanced": each on the random weights' collapsed routing and on an even one (--routing).
+# ATTNS="auto flash_attention_4": each with the recipe's attention kernel (auto) and with these (--attn).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/prime-variants}; mkdir -p "$OUT"
@@ -11,12 +12,16 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 python3 -c "import prime_core, prime_plugin_cp" 2>/dev/null || bash benchmarks/device_setup.sh > "$OUT/setup.log" 2>&1
 for routing in ${ROUTINGS:-random}; do
   for item in $VARIANTS; do
+   for attn in ${ATTNS:-auto}; do
     for loop in ${LOOPS:-step}; do  # step: read each step before the next (prime trainer); pipelined: prime sft's
       name=${item%%=*}; dir=${item#*=}; [ "$loop" = step ] || name=$name-$loop
-      [ "$routing" = random ] || name=$name-$routing; mkdir -p "$OUT/$name"
-      PYTHONPATH=$([ "$dir" = now ] || realpath "$dir") timeout 200 python3 -m torch.distributed.run --standalone \
-        --nproc-per-node 1 benchmarks/parallel_bench.py moe --ep 1 --recipe ${RECIPE:-fast-bf16} --seq-lens 8192 \
-        --samples-per-group 1 --warmup 1 --steps ${STEPS:-8} $([ "$loop" = step ] || echo --pipelined) \
+      [ "$routing" = random ] || name=$name-$routing; [ "$attn" = auto ] || name=$name-$attn; mkdir -p "$OUT/$name"
+      # the variant's folder goes first on the PYTHONPATH the job already has (packages carried to /tmp, say)
+      first=$([ "$dir" = now ] || realpath "$dir")
+      PYTHONPATH=$(printf '%s\n' "$first" "${PYTHONPATH:-}" | grep . | paste -sd:) timeout 200 python3 -m \
+        torch.distributed.run --standalone --nproc-per-node 1 benchmarks/parallel_bench.py moe --ep 1 \
+        --recipe ${RECIPE:-fast-bf16} --seq-lens 8192 --samples-per-group 1 --warmup 1 --steps ${STEPS:-8} \
+        $([ "$loop" = step ] || echo --pipelined) $([ "$attn" = auto ] || echo --attn "$attn") \
         --routing "$routing" --out "$OUT/$name" > "$OUT/$name.log" 2>&1 || echo "$name exited $?"
       echo "$name: $(grep -E '^moe ' "$OUT/$name.log")"
       grep -m1 "routing:" "$OUT/$name.log"
@@ -24,5 +29,6 @@ for routing in ${ROUTINGS:-random}; do
       [ -f "$OUT/$name/parallel.jsonl" ] && python3 -c "import json,sys; [print(json.dumps({**json.loads(l), 'variant': sys.argv[1]})) for l in open(sys.argv[2])]" \
         "$name" "$OUT/$name/parallel.jsonl" >> "$OUT/rows.jsonl" && rm -r "$OUT/$name"
     done
+   done
   done
 done

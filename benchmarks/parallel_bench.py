@@ -311,6 +311,8 @@ def worker(args) -> int:
         model.update(cp=args.cp, cp_style=args.style, ac={"freq": 1})
         label = {"kind": "cp", "config": (f"cp{args.cp}-{args.style}" if args.cp > 1 else "cp1")
                  + ("-defaults" if args.recipe == "fast-defaults" else "")}
+    if args.attn:
+        model["attn"] = label["attn"] = args.attn
     seq_lens = args.seq_lens
     config = schema_for("trainer")(model=model, optim={"lr": 1e-6}, output_dir=args.out / "run", seq_len=max(seq_lens))
     manager = get_plugin_manager()
@@ -411,6 +413,8 @@ def main() -> int:
     parser.add_argument("--routing", choices=("random", "balanced"), default="random",
                         help="moe: the random weights' routing (collapsed onto a few experts from the third "
                              "layer on), or an even one, as a trained model's (make_model)")
+    parser.add_argument("--attn", help="trainer.model.attn for every recipe (e.g. flash_attention_4); default: the "
+                                       "recipe's")
     parser.add_argument("--cp", type=int, default=1)
     parser.add_argument("--style", choices=("ring", "ulysses"), default="ulysses")
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[8192])

@@ -84,6 +84,13 @@ KNOBS = {
 ALL_KNOBS = {"ac": {"freq": 1}, "ac_offloading": {"max_inflight_activations": 1}, "optim_cpu_offload": True}
 
 
+def model_keys(args) -> dict:
+    """``trainer.model`` for ``--knob`` (``--attn`` replacing its attention kernel)."""
+    knob = ALL_KNOBS if args.knob == "all" else KNOBS[args.knob]
+    return {"name": str(args.model_dir), "impl": "hf", "dtype": "bfloat16", **PINNED, **knob,
+            **({"attn": args.attn} if args.attn else {})}
+
+
 def make_model(folder: Path) -> Path:
     """A random-weight Qwen3-1.7B-shaped checkpoint (bf16 safetensors), written once."""
     if (folder / "config.json").exists():
@@ -114,10 +121,8 @@ def worker(args) -> int:
     from prime_core.trainer.build import start_training
     from prime_core.trainer.fake import FakeDataConfig
 
-    knob = ALL_KNOBS if args.knob == "all" else KNOBS[args.knob]
-    config = schema_for("trainer")(model={"name": str(args.model_dir), "impl": "hf", "dtype": "bfloat16", **PINNED,
-                                          **knob},
-                           optim={"lr": 1e-6}, output_dir=args.out / "run", seq_len=max(args.seq_lens))
+    config = schema_for("trainer")(model=model_keys(args), optim={"lr": 1e-6}, output_dir=args.out / "run",
+                                   seq_len=max(args.seq_lens))
     manager = get_plugin_manager()
     loss_fn = manager.select("algorithms", "loss:default").fn
     started = time.perf_counter()
@@ -133,7 +138,8 @@ def worker(args) -> int:
         rng = random.Random(0)
         plan = planned(config, world, seq_len, per_rank)
         record = {"kind": args.kind, "config": args.knob, "seq_len": seq_len, "length": args.length, "build_s": build_s,
-                  "predicted_peak_gib": plan.peak / GIB, "lm_head": plan.lm_head}
+                  "predicted_peak_gib": plan.peak / GIB, "lm_head": plan.lm_head,
+                  **({"attn": args.attn} if args.attn else {})}
         try:
             meter.run_fake_steps(training, fake, seq_len, rng, loss_fn=loss_fn, max_norm=1.0)
             record.update(meter.result())
@@ -146,7 +152,7 @@ def worker(args) -> int:
             shown = "OOM" if record.get("oom") else (
                 f"{record['tokens_per_s']:,.0f} tok/s, MFU {100 * record['mfu']:.1f} %, "
                 f"peak {record['peak_memory_gib']:.1f} GiB (prime plan: {record['predicted_peak_gib']:.1f})")
-            print(f"{args.kind} {args.knob} seq {seq_len}: {shown}", flush=True)
+            print(f"{args.kind} {args.knob}{'+' + args.attn if args.attn else ''} seq {seq_len}: {shown}", flush=True)
         import gc
 
         gc.collect()
@@ -179,10 +185,8 @@ def profile(args) -> int:
     from prime_core.trainer.optim import clip_and_step
     from prime_core.trainer.step import forward_backward
 
-    knob = ALL_KNOBS if args.knob == "all" else KNOBS[args.knob]
-    config = schema_for("trainer")(model={"name": str(args.model_dir), "impl": "hf", "dtype": "bfloat16", **PINNED,
-                                          **knob},
-                           optim={"lr": 1e-6}, output_dir=args.out / "run", seq_len=args.seq_len)
+    config = schema_for("trainer")(model=model_keys(args), optim={"lr": 1e-6}, output_dir=args.out / "run",
+                                   seq_len=args.seq_len)
     manager = get_plugin_manager()
     loss_fn = manager.select("algorithms", "loss:default").fn
     training = start_training(config, "trainer", max_steps=None, seed=0, manager=manager)
@@ -331,12 +335,13 @@ def spawn(args, knob: str, seq_lens: list[int], kind: str, extra: list[str] = ()
                "--out", str(args.out),
                "--model-dir", str(args.model_dir), "--warmup", str(args.warmup), "--steps", str(args.steps),
                "--samples-per-rank", str(args.samples_per_rank), "--length", args.length,
-               "--seq-lens", *map(str, seq_lens), *extra]
-    with open(args.out / f"{kind}-{knob}.log", "w") as log:
+               "--seq-lens", *map(str, seq_lens), *(["--attn", args.attn] if args.attn else []), *extra]
+    log_path = args.out / f"{kind}-{knob}{'-' + args.attn if args.attn else ''}.log"
+    with open(log_path, "w") as log:
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
-    print(f"{kind} {knob}: exit {code} ({args.out / f'{kind}-{knob}.log'})", flush=True)
+    print(f"{kind} {knob}: exit {code} ({log_path})", flush=True)
     if code:
-        print((args.out / f"{kind}-{knob}.log").read_text()[-3000:], flush=True)
+        print(log_path.read_text()[-3000:], flush=True)
 
 
 def table(out: Path) -> None:
@@ -377,6 +382,8 @@ def main() -> int:
     parser.add_argument("--model-dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "qwen3-1.7b-random")
     parser.add_argument("--knobs", nargs="+", default=list(KNOBS))
     parser.add_argument("--knob", default="default")
+    parser.add_argument("--attn", help="trainer.model.attn for every knob (e.g. flash_attention_4); default: each "
+                                       "knob's")
     parser.add_argument("--kind", default="knobs")
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[4096, 8192, 16384, 32768])
     parser.add_argument("--seq-len", type=int, default=8192)
