@@ -16,9 +16,7 @@ import functools
 
 import torch
 
-from prime_plugin_flash_attn.varlen import check_inputs, cu_seqlens, whole_row
-
-_SINGLE = "torch_fused_single_sample"
+from prime_plugin_flash_attn.varlen import check_inputs, cu_seqlens, single_sample, whole_row
 
 
 @functools.cache
@@ -56,16 +54,6 @@ def torch_flash(q, k, v, packing, scale):
     cu, max_len = cu_seqlens(packing)
     q, k, v = (t.contiguous() for t in (q, k, v))
     return _flash_function().apply(q, k, v, cu.to(q.device), max_len, float(scale))
-
-
-def single_sample(packing) -> bool:
-    """Whether a whole row holds one sample; kept on the packing as a plain bool, computed by
-    ``prepare`` before the layers, so that a compiled block guards on it alone."""
-    cached = packing.cache.get(_SINGLE)
-    if cached is None:
-        cached = len(cu_seqlens(packing)[0]) <= 2
-        packing.cache[_SINGLE] = cached
-    return cached
 
 
 def cudnn_causal(q, k, v, scale):

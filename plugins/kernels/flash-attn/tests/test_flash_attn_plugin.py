@@ -190,7 +190,7 @@ def test_torch_fused_marks_one_sample_rows_once():
     torch_kernels.torch_fused.prepare(one)
     torch_kernels.torch_fused.prepare(packed)
     assert (single_sample(one), single_sample(packed)) == (True, False)
-    assert one.cache["torch_fused_single_sample"] is True
+    assert one.cache["flash_attn_single_sample"] is True
 
 
 def test_with_flash_attention_but_no_gpu(fake_flash, monkeypatch):
