@@ -73,6 +73,11 @@ KNOBS = {
     # the longest sequences: the dense MLP in chunks of 64k tokens (its intermediates one chunk at a time)
     "custom_ac_chunk": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
                         "ac": {"freq": 1, "mlp_token_chunk_size": 65536}, "attn": "torch_fused"},
+    # 1,048,576 tokens: the first 20 of 28 blocks' inputs in pinned host memory as well (all 28 would be
+    # 112 GiB of host memory, more than the lent machine's 128 GiB leaves beside the process)
+    "custom_ac_chunk_offload": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
+                                "ac": {"freq": 1, "mlp_token_chunk_size": 65536},
+                                "ac_offloading": {"max_inflight_activations": 2, "blocks": 20}, "attn": "torch_fused"},
     "custom_fp8_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
                            "quantization": "fp8"},
     "custom_ac": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "ac": {"freq": 1}},

@@ -35,6 +35,11 @@ class ACOffloadingConfig(Section):
     pin_memory: bool = True
     """Copy into page-locked host memory (asynchronous copies; prime-rl's key). ``false`` saves pinned
     memory at the cost of synchronous copies."""
+    blocks: int | None = Field(default=None, ge=1)
+    """Offload only the first this-many transformer blocks (in forward order); the later ones keep
+    their saved tensors on the GPU. The first blocks' inputs wait longest for the backward pass, so
+    their copies back have the most time. Sets how much goes to host memory where all of it would
+    not fit there. ``None``: every block."""
 
 
 class ACKeys(Section):

@@ -47,16 +47,20 @@ def checkpointing(est, config) -> None:
 def offloading(est, config) -> None:
     """What the blocks keep goes to host memory and comes back for each block's backward; at
     most ``max_inflight_activations`` copies are on their way at once, each at most the
-    largest tensor a block saves (its input under full checkpointing)."""
-    inflight = config.ac_offloading.max_inflight_activations
+    largest tensor a block saves (its input under full checkpointing). With ``blocks`` set, only
+    the first that many blocks offload."""
+    inflight, offloaded = config.ac_offloading.max_inflight_activations, config.ac_offloading.blocks
 
     def rule(block) -> None:
+        if offloaded is not None and block.index >= offloaded:
+            return
         block.cpu += block.gpu
         block.transient += block.gpu
         block.gpu = 0.0
 
     est.rules.append(rule)
     full = config.ac is not None and config.ac.mode == "full"
-    largest = max(((p.input if full else max(p.parts.values())) for p in est.blocks), default=0.0)
-    est.add_buffer("ac_offloading: copies in flight", min(inflight, max(1, len(est.blocks))) * largest * est.tokens,
+    blocks = est.blocks[:offloaded]
+    largest = max(((p.input if full else max(p.parts.values())) for p in blocks), default=0.0)
+    est.add_buffer("ac_offloading: copies in flight", min(inflight, max(1, len(blocks))) * largest * est.tokens,
                    ("backward",))

@@ -104,7 +104,7 @@ def apply(model, *, config, **_):
     offloader = Offloader(config.ac_offloading.max_inflight_activations, config.ac_offloading.pin_memory)
     wrapper = _wrapper_class()
     blocks = transformer_blocks(model)
-    for index, block in enumerate(blocks):
+    for index, block in enumerate(blocks[:config.ac_offloading.blocks]):
         blocks[index] = wrapper(block, offloader)
     model.register_forward_hook(lambda *_: offloader.drain())
     return model

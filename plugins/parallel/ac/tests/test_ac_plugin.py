@@ -85,6 +85,39 @@ def test_offloading_moves_saved_tensors_out_and_back():
         assert torch.allclose(a.grad, b.grad, atol=1e-6), name
 
 
+def test_offloading_only_the_first_blocks():
+    """``blocks = 2``: the first two blocks offload (the wrapper, and what the plan puts in host
+    memory), the third keeps its saved tensors on the GPU; the gradients are unchanged."""
+    import torch
+
+    from prime_core.config.checks import section_model
+    from prime_core.memory import BlockMemory, decoder_block_profile
+    from prime_plugin_ac import memory as ac_memory
+    from prime_plugin_ac import offloading
+
+    ids = torch.tensor([[1, 5, 7, 9, 3, 2]])
+    plain = _model()
+    plain(ids, labels=ids).loss.backward()
+    config = section_model("trainer", "model")(ac={"freq": 1}, ac_offloading={"blocks": 2})
+    model = offloading.apply(_model(), config=config)
+    assert [type(b).__name__ for b in model.model.layers] == ["OffloadedBlock", "OffloadedBlock", "Qwen3DecoderLayer"]
+    model(ids, labels=ids).loss.backward()
+    for (name, a), b in zip(plain.named_parameters(), model.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6), name
+
+    profile = decoder_block_profile(_model().config, 2, o_proj_copy=False)
+    buffers = {}
+    est = type("Est", (), {"rules": [], "tokens": 100, "blocks": [profile] * 3,
+                           "add_buffer": lambda self, name, size, phases: buffers.update({name: size})})()
+    ac_memory.offloading(est, config)
+    blocks = [BlockMemory(i, profile, {}, gpu=profile.input, transient=0.0) for i in range(3)]
+    for block in blocks:
+        est.rules[0](block)
+    assert [b.gpu for b in blocks] == [0.0, 0.0, profile.input]
+    assert [b.cpu for b in blocks] == [profile.input, profile.input, 0.0]
+    assert buffers == {"ac_offloading: copies in flight": 2 * profile.input * 100}
+
+
 def test_selective_targets_that_match_nothing_are_an_error():
     import torch
 
