@@ -1,6 +1,7 @@
 """``prime plan CONFIG``: the predicted peak memory of each trainer GPU, by term, and whether it
-fits the GPUs the launcher places the trainer on; ``prime run`` prints the same verdict as a
-warning before it launches a run that will not fit.
+fits the GPUs the launcher places the trainer on, and whether what it keeps in host memory
+(offloaded activations and optimizer state) fits this machine; ``prime run`` prints the same
+verdicts as warnings before it launches a run that will not fit.
 
 The prediction (``predict``) builds the model on the meta device and walks the trainer's build
 order with the enabled strategies' ``memory`` hooks (``prime_core.memory``); nothing is
@@ -9,6 +10,7 @@ loaded or allocated, and no CUDA context is created (GPU sizes come from ``nvidi
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from typing import Any
@@ -147,6 +149,37 @@ def verdict(prediction: Prediction, capacity: float | None) -> tuple[bool | None
                   + ("fits" if fits else "does NOT fit"))
 
 
+HOST_SHARE = 0.85
+"""The share of this machine's memory that the trainer processes' host terms may take; the rest
+is the processes themselves (libraries, CUDA's context, compiled code: a few GiB each) and
+whatever else the machine runs."""
+
+
+def host_memory() -> float | None:
+    """This machine's physical memory in bytes (``None`` where the system does not say)."""
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def host_verdict(prediction: Prediction, processes: int, capacity: float | None) -> tuple[bool | None, str | None]:
+    """``(fits, a sentence)`` for what ``processes`` trainer processes on this machine keep in host
+    memory; ``(None, None)`` when they keep nothing there."""
+    needs = sum(prediction.cpu.values()) * processes
+    if not needs:
+        return None, None
+    said = f"host memory: {needs / GIB:.1f} GiB for {processes} trainer process(es)"
+    if capacity is None:
+        return None, f"{said}; this machine's size is unknown (--host-memory GIB)"
+    fits = needs <= HOST_SHARE * capacity
+    return fits, (f"{said} on a machine of {capacity / GIB:.1f} GiB: " + (
+        "fits" if fits else
+        f"does NOT fit in {HOST_SHARE:.0%} of it (the rest is the processes themselves); "
+        "[trainer.model.ac_offloading] blocks = N offloads only the first N blocks' activations, and "
+        "without trainer.model.optim_cpu_offload the optimizer state stays on the GPU"))
+
+
 # ------------------------------------------------------------------ output
 
 
@@ -174,8 +207,9 @@ def describe(prediction: Prediction) -> str:
             f"{prediction.rows} row(s) per step and rank, LM head: {prediction.lm_head}")
 
 
-def show(config, root: str, *, gpu_memory_gib: float | None = None, plan=None, console=None) -> Prediction:
-    """Predict, print the table and the verdict (``prime plan``)."""
+def show(config, root: str, *, gpu_memory_gib: float | None = None, host_memory_gib: float | None = None, plan=None,
+         console=None) -> Prediction:
+    """Predict, print the table and the verdicts (``prime plan``)."""
     from rich.console import Console
 
     console = console or Console(highlight=False)
@@ -186,8 +220,18 @@ def show(config, root: str, *, gpu_memory_gib: float | None = None, plan=None, c
     for note in prediction.notes:
         console.print(f"note: {note}", markup=False)
     fits, sentence = verdict(prediction, capacity)
-    console.print(sentence, markup=False)
+    console.print(sentence, markup=False, soft_wrap=True)
+    host = host_memory_gib * GIB if host_memory_gib is not None else host_memory()
+    _, sentence = host_verdict(prediction, _local_processes(plan, prediction), host)
+    if sentence:
+        console.print(sentence, markup=False, soft_wrap=True)
     return prediction
+
+
+def _local_processes(plan, prediction: Prediction) -> int:
+    """Trainer processes on this machine: one per GPU the launch plan places here, else all."""
+    gpus = trainer_gpus(plan) if plan is not None else None
+    return len(gpus) if gpus else prediction.processes
 
 
 def _capacity(plan, gpu_memory_gib: float | None) -> float | None:
@@ -199,8 +243,9 @@ def _capacity(plan, gpu_memory_gib: float | None) -> float | None:
 
 
 def warn_before_launch(config, root: str, plan, warn) -> Any:
-    """``prime run``: a warning when the trainer's predicted peak exceeds its GPUs (nothing
-    when it fits, when no GPU is placed here, or when the prediction cannot be made)."""
+    """``prime run``: a warning when the trainer's predicted peak exceeds its GPUs, or what its
+    processes keep in host memory exceeds this machine (nothing when both fit, when no GPU is
+    placed here, or when the prediction cannot be made)."""
     gpus = trainer_gpus(plan)
     sizes = gpu_memory(gpus) if gpus else {}
     if not sizes:
@@ -213,4 +258,7 @@ def warn_before_launch(config, root: str, plan, warn) -> Any:
     fits, sentence = verdict(prediction, min(sizes.values()))
     if not fits:
         warn(f"{sentence}; `prime plan` shows the terms (docs/trainer.md lists the knobs that reduce them)")
+    fits, sentence = host_verdict(prediction, len(gpus), host_memory())
+    if fits is False:
+        warn(f"{sentence}; `prime plan` shows the terms")
     return prediction

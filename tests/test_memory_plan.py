@@ -93,6 +93,42 @@ def test_prime_plan_prints_the_terms_and_the_verdict(prime_cli, installed_plugin
     assert not (tmp_path / "out").exists()  # nothing written, nothing started
 
 
+def test_prime_plan_says_whether_the_host_memory_terms_fit(prime_cli, installed_plugins, tiny, tmp_path):
+    """Offloaded activations and optimizer state are host memory: ``prime plan`` compares them with
+    the machine (``--host-memory``, else this one's), naming the keys that keep them on the GPU."""
+    args = ["plan", "--trainer.model.name", str(tiny), "--seq-len", "65536", "--trainer.model.optim-cpu-offload",
+            "true", "--trainer.model.ac", "{}", "--trainer.model.ac-offloading", "{}",
+            "--output-dir", str(tmp_path / "out"), "--gpu-memory", "80"]
+    big = prime_cli(*args, "--host-memory", "512")
+    assert big.exit_code == 0, big.output
+    assert "host memory: optimizer" in big.output and "host memory: activations" in big.output
+    line = next(x for x in big.output.splitlines() if x.startswith("host memory: ") and "process" in x)
+    assert "on a machine of 512.0 GiB: fits" in line
+    small = prime_cli(*args, "--host-memory", "0.01")
+    assert small.exit_code == 0 and "does NOT fit in 85% of it" in small.output
+    assert "ac_offloading] blocks = N" in small.output
+    plain = prime_cli("plan", "--trainer.model.name", str(tiny), "--output-dir", str(tmp_path / "out"),
+                      "--gpu-memory", "80", "--host-memory", "0.01")
+    assert plain.exit_code == 0 and "host memory" not in plain.output  # nothing kept there: nothing said
+
+
+def test_prime_run_warns_when_the_host_memory_terms_do_not_fit(monkeypatch, installed_plugins, tiny):
+    import prime_core.plan as plan_module
+    from prime_core.cli.common import load_config
+    from prime_core.launch.plan import LaunchPlan
+
+    config = load_config("rl", ["--trainer.model.name", str(tiny), "--trainer.model.optim-cpu-offload", "true"])
+    placed = LaunchPlan(launcher="local", output_dir=Path("out"), placement=[{"role": "trainer", "gpus": "0,1"}])
+    monkeypatch.setattr(plan_module, "gpu_memory", lambda indices=None: {"0": 80.0 * (1 << 30), "1": 80.0 * (1 << 30)})
+    warnings = []
+    monkeypatch.setattr(plan_module, "host_memory", lambda: 1e3)
+    prediction = plan_module.warn_before_launch(config, "rl", placed, warnings.append)
+    assert len(warnings) == 1 and "for 2 trainer process(es)" in warnings[0] and "does NOT fit" in warnings[0]
+    monkeypatch.setattr(plan_module, "host_memory", lambda: 2.0 * sum(prediction.cpu.values()) * 2)
+    plan_module.warn_before_launch(config, "rl", placed, warnings.append)
+    assert len(warnings) == 1  # fits: nothing more said
+
+
 def test_prime_plan_refuses_an_unknown_root(prime_cli, installed_plugins):
     result = prime_cli("plan", "--root", "inference")
     assert result.exit_code != 0 and "unknown root 'inference'" in result.output

@@ -30,10 +30,14 @@ def register(app: typer.Typer) -> None:
         gpu_memory: float = typer.Option(None, "--gpu-memory", metavar="GIB",
                                          help="Compare with GPUs of this size (default: the trainer's placed GPUs, "
                                               "from nvidia-smi)."),
+        host_memory: float = typer.Option(None, "--host-memory", metavar="GIB",
+                                          help="Compare host memory terms with a machine of this size (default: "
+                                               "this one)."),
     ) -> None:
         """Predict the peak memory of each trainer GPU of CONFIG... (files and --key value
         overrides, as prime run takes them): parameters, gradients, optimizer state,
-        activations, LM head and buffers, and whether it fits the GPUs. Nothing is loaded or
+        activations, LM head and buffers, and whether it fits the GPUs (and what it keeps in host
+        memory, this machine). Nothing is loaded or
         started: the model is built on the meta device."""
         from prime_core.errors import ConfigError
         from prime_core.plan import show
@@ -46,4 +50,4 @@ def register(app: typer.Typer) -> None:
         if getattr(config, "deployment", None) is None and root != "trainer":
             raise ConfigError([f"this {root} config has no deployment section"])
         plan = _launch_plan(config, root, manager) if gpu_memory is None else None
-        show(config, root, gpu_memory_gib=gpu_memory, plan=plan)
+        show(config, root, gpu_memory_gib=gpu_memory, host_memory_gib=host_memory, plan=plan)
