@@ -31,6 +31,11 @@ native model runs since stop 39).
 the quantisers, the GEMM wrappers), issued without waiting for the GPU at a size whose GPU work
 is negligible: what bounds a step whose host falls behind its GPU.
 
+``quant``: the FP8 quantiser of a linear's ``x`` and ``dy`` (``quantize_rows_and_columns``) at
+each width of the block linears, in GPU time and GB/s, at every ``--launch TILES:STAGES:WARPS``
+(default a sweep), each checked bit for bit against the default launch, and the PyTorch
+quantisers compiled by Inductor beside them.
+
 ``adamw``: one update of one-process mixed precision's master weights (``prime_plugin_fsdp``):
 the trainer's unfused path against ``adamw``'s fused kernel, on the 1.7B and the 2.9B MoE
 shapes' tensors (``bench_adamw``).
@@ -295,6 +300,47 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
               "ms": 1e3 * seconds, "gbps": (2 * m * k + 2 * m * k + 2 * 4 * m * k / 128) / seconds / 1e9}
     rows.append(record)
     emit(args, record)
+    return rows
+
+
+def bench_quant(args, device) -> list[dict]:
+    """``quantize_rows_and_columns`` (each block linear's ``x`` and ``dy``) at every launch of
+    ``--launch TILES:STAGES:WARPS`` (default a sweep), in GPU time, each checked bit for bit
+    against the default launch; beside it the PyTorch quantisers compiled by Inductor."""
+    import torch
+
+    from prime_plugin_fp8 import quant, triton_quant
+
+    launches = [tuple(map(int, spec.split(":"))) for spec in args.launch] or [
+        (tiles, stages, warps) for tiles in (1, 2, 4) for stages in (1, 2, 3) for warps in (4, 8, 16)
+        if not (tiles == 1 and stages > 1)]
+    widths = sorted({k for shapes in FP8_SHAPES.values() for k, n in shapes.values()}
+                    | {n for shapes in FP8_SHAPES.values() for k, n in shapes.values()})
+    compiled = torch.compile(lambda t: (quant.quantize_rows_torch(t), quant.quantize_rows_torch(t.t())), dynamic=False)
+    warm_up(device)
+    rows = []
+    for m in args.tokens:
+        for k in widths:
+            x = torch.randn(m, k // 16 if args.tiny else k, device=device).bfloat16()
+            moved = 2 * x.numel() + 2 * x.numel() + 2 * 4 * x.numel() / 128  # bf16 in, two FP8 copies and scales out
+            want = triton_quant._rows_and_columns(x, triton_quant._direct)
+            cases = {f"{t}:{st}:{w}": (lambda x=x, t=t, st=st, w=w: triton_quant._rows_and_columns(
+                x, triton_quant._direct, tiles=t, stages=st, warps=w)) for t, st, w in launches}
+            cases["inductor"] = lambda x=x: [part for pair in compiled(x) for part in pair]
+            for case, fn in cases.items():
+                try:
+                    got = fn()
+                    same = all(torch.equal(a.view(torch.uint8) if a.dtype == quant.FP8 else a,
+                                           b.view(torch.uint8) if b.dtype == quant.FP8 else b)
+                               for a, b in zip(got, want, strict=True))
+                    seconds = gpu_seconds(fn, max(args.reps, 20))
+                except Exception as exc:  # a launch Triton cannot compile (shared memory): say so, go on
+                    print(f"quant {m}x{k} {case}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                    continue
+                record = {"bench": "quant", "case": case, "m": m, "k": x.shape[1], "gpu_us": seconds * 1e6,
+                          "gbps": moved / seconds / 1e9, "same_bits": same}
+                rows.append(record)
+                emit(args, record)
     return rows
 
 
@@ -765,6 +811,7 @@ def table(out: Path) -> None:
         for case in dict.fromkeys(r["case"] for r in host):
             grid.add_row(case, *(f"{keyed[(b, case)]:.0f}" if (b, case) in keyed else "-" for b in backends))
         console.print(grid)
+    quant_table(console, [r for r in records if r["bench"] == "quant"])
     moe_table(console, [r for r in records if r["bench"] == "moe"])
     steps = [r for r in records if r["bench"] == "adamw"]
     if steps:
@@ -779,6 +826,29 @@ def table(out: Path) -> None:
         console.print(grid)
 
 
+def quant_table(console, rows: list[dict]) -> None:
+    """Per input shape: the default launch, the fastest bit-exact one, and Inductor's."""
+    from rich.table import Table
+
+    if not rows:
+        return
+    from prime_plugin_fp8.triton_quant import ROWS_AND_COLUMNS
+
+    default = "{tiles}:{stages}:{warps}".format(**ROWS_AND_COLUMNS)
+    grid = Table(title=f"quantize_rows_and_columns, GPU µs (GB/s); launches TILES:STAGES:WARPS, default {default}")
+    for column in ("M × K", "default", "fastest launch", "× default", "inductor"):
+        grid.add_column(column, justify="right")
+    for shape in dict.fromkeys((r["m"], r["k"]) for r in rows):
+        here = [r for r in rows if (r["m"], r["k"]) == shape]
+        cell = {r["case"]: r for r in here}
+        best = min((r for r in here if r["same_bits"] and r["case"] != "inductor"), key=lambda r: r["gpu_us"])
+        base = cell.get(default)
+        show = lambda r: f"{r['gpu_us']:.1f} ({r['gbps']:.0f})" if r else "-"  # noqa: E731
+        grid.add_row(f"{shape[0]:,} × {shape[1]:,}", show(base), f"{best['case']}: {show(best)}",
+                     ratio(base["gpu_us"], best["gpu_us"]) if base else "-", show(cell.get("inductor")))
+    console.print(grid)
+
+
 def ratio(value, base) -> str:
     return f"{value / base:.2f}" if base else "-"
 
@@ -786,12 +856,13 @@ def ratio(value, base) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode",
-                        choices=("lm_head", "fp8", "fp8_host", "adamw", "norm", "moe", "grouped_mm", "table"))
+                        choices=("lm_head", "fp8", "fp8_host", "quant", "adamw", "norm", "moe", "grouped_mm", "table"))
     parser.add_argument("--models", nargs="+", default=["1.7B", "moe"], help="adamw, norm: the shapes")
     parser.add_argument("--launch", nargs="+", default=[], metavar="BLOCK:WARPS",
-                        help="adamw, norm, moe: time the fused kernel / the squares / the permutation's kernels at "
-                             "each of these launch shapes (default: their own; norm's NORM_BLOCK:NORM_WARPS, "
-                             "moe's TILE:SPAN:WARPS, see moe_triton.TILE)")
+                        help="adamw, norm, moe, quant: time the fused kernel / the squares / the permutation's "
+                             "kernels / the FP8 quantiser at each of these launch shapes (default: their own; norm's "
+                             "NORM_BLOCK:NORM_WARPS, moe's TILE:SPAN:WARPS, see moe_triton.TILE; quant's "
+                             "TILES:STAGES:WARPS, default a sweep)")
     parser.add_argument("--backends", nargs="+", default=["auto"],
                         help="fp8: the fp8_linear backends to time, each beside its own bf16 run")
     parser.add_argument("--layers", nargs="+", default=[], metavar="MODEL:LAYER",
@@ -814,7 +885,7 @@ def main() -> int:
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    {"lm_head": bench_lm_head, "fp8": bench_fp8, "fp8_host": bench_fp8_host, "adamw": bench_adamw,
+    {"lm_head": bench_lm_head, "fp8": bench_fp8, "fp8_host": bench_fp8_host, "quant": bench_quant, "adamw": bench_adamw,
      "norm": bench_norm, "moe": bench_moe, "grouped_mm": bench_grouped_mm}[args.mode](args, device)
     return 0
 

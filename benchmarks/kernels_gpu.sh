@@ -9,6 +9,8 @@
 #                                              # linear on deep_gemm eager, compiled and CUDA-graphed beside bf16
 #                                              # (~5.5 min: the build ~80 s, tests with the JIT warm-up ~160 s)
 #   bash benchmarks/kernels_gpu.sh fp8step     # the compiled 1.7B step at 8k, bf16 against FP8 (DeepGEMM if built)
+#   bash benchmarks/kernels_gpu.sh quant       # the FP8 quantiser's tests compiled, and its launches timed at
+#                                              # M = 8,192 on every block width (kernels_bench.py quant)
 # Results under $OUT: kernels.jsonl, results.jsonl + hf.json (trainer_memory.py table), logs.
 # Needs prime installed (benchmarks/device_setup.sh); liger-kernel from benchmarks/.whl/extra if carried.
 set -uo pipefail
@@ -84,7 +86,13 @@ print(" ".join(f"{m}:{l}" for m, s in k.FP8_SHAPES.items() for l in s))')
         --knobs custom_compile custom_fp8_compile --warmup 3 --steps 6 >> "$OUT/fp8step.log" 2>&1 \
         || echo "fp8 step exited $? (log: fp8step.log)"
       python3 benchmarks/trainer_memory.py table --out "$OUT" ;;
-    *) echo "unknown phase $phase (tests, bench, step, attention, deepgemm, fp8step)"; exit 2 ;;
+    quant)
+      timeout 200 python3 -m pytest -q -p no:cacheprovider plugins/kernels/fp8/tests/test_triton_quant.py \
+        > "$OUT/quant_tests.log" 2>&1; tail -2 "$OUT/quant_tests.log"
+      timeout 300 python3 benchmarks/kernels_bench.py quant --tokens 8192 --out "$OUT" ${QUANT_LAUNCH:+--launch $QUANT_LAUNCH} \
+        > "$OUT/quant.log" 2>&1 || { echo "quant bench exited $?"; tail -5 "$OUT/quant.log"; }
+      python3 benchmarks/kernels_bench.py table --out "$OUT" ;;
+    *) echo "unknown phase $phase (tests, bench, step, attention, deepgemm, fp8step, quant)"; exit 2 ;;
   esac
 done
 exit 0

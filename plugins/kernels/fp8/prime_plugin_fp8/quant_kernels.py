@@ -64,21 +64,27 @@ def blocks(w, stride_n, stride_k, q, scale, n, k, kp, BLOCK: tl.constexpr, SOFT_
 
 @triton.jit
 def rows_and_columns(x, stride_m, stride_k, q, scale, qt, scale_t, m, k, kp, mp, BLOCK: tl.constexpr,
-                     SOFT_ROUND: tl.constexpr):
-    """One 128 x 128 tile, read once: ``rows``' output for ``x`` and for ``x.T`` (whose 1 x 128
-    blocks are this tile's columns), the latter stored transposed."""
-    rb, cb = tl.program_id(0), tl.program_id(1)
+                     SOFT_ROUND: tl.constexpr, TILES: tl.constexpr, STAGES: tl.constexpr):
+    """``TILES`` 128 x 128 tiles along one 128-row strip, each read once: ``rows``' output for
+    ``x`` and for ``x.T`` (whose 1 x 128 blocks are this tile's columns), the latter stored
+    transposed. ``STAGES`` > 1 loads the next tile while this one is stored."""
+    rb = tl.program_id(0)
     r = rb * BLOCK + tl.arange(0, BLOCK)
-    c = cb * BLOCK + tl.arange(0, BLOCK)
-    r64, c64 = r.to(tl.int64), c.to(tl.int64)
-    v = tl.load(x + r64[:, None] * stride_m + c64[None, :] * stride_k, mask=(r[:, None] < m) & (c[None, :] < k),
-                other=0.0).to(tl.float32)
-    magnitude = tl.abs(v)
-    s, qv = _quantise(v, tl.max(magnitude, axis=1)[:, None], SOFT_ROUND)
-    tl.store(q + r64[:, None] * kp + c64[None, :], qv.to(tl.float8e4nv), mask=(r[:, None] < m) & (c[None, :] < kp))
-    tl.store(scale + r64 * (kp // BLOCK) + cb, tl.max(s, axis=1), mask=r < m)
-    st, qvt = _quantise(v, tl.max(magnitude, axis=0)[None, :], SOFT_ROUND)
-    # x.T's rows are this tile's columns (only the first k exist); its padding, rows m..mp of x,
-    # was loaded as zeros and is stored as such.
-    tl.store(qt + c64[:, None] * mp + r64[None, :], tl.trans(qvt).to(tl.float8e4nv), mask=c[:, None] < k)
-    tl.store(scale_t + c64 * (mp // BLOCK) + rb, tl.max(st, axis=0), mask=c < k)
+    r64 = r.to(tl.int64)
+    blocks = kp // BLOCK
+    for t in tl.range(0, TILES, num_stages=STAGES):
+        cb = tl.program_id(1) * TILES + t
+        c = cb * BLOCK + tl.arange(0, BLOCK)
+        c64 = c.to(tl.int64)
+        v = tl.load(x + r64[:, None] * stride_m + c64[None, :] * stride_k,
+                    mask=(r[:, None] < m) & (c[None, :] < k), other=0.0).to(tl.float32)
+        magnitude = tl.abs(v)
+        s, qv = _quantise(v, tl.max(magnitude, axis=1)[:, None], SOFT_ROUND)
+        tl.store(q + r64[:, None] * kp + c64[None, :], qv.to(tl.float8e4nv),
+                 mask=(r[:, None] < m) & (c[None, :] < kp))
+        tl.store(scale + r64 * blocks + cb, tl.max(s, axis=1), mask=(r < m) & (r * 0 + cb < blocks))
+        st, qvt = _quantise(v, tl.max(magnitude, axis=0)[None, :], SOFT_ROUND)
+        # x.T's rows are this tile's columns (only the first k exist); its padding, rows m..mp
+        # of x, was loaded as zeros and is stored as such.
+        tl.store(qt + c64[:, None] * mp + r64[None, :], tl.trans(qvt).to(tl.float8e4nv), mask=c[:, None] < k)
+        tl.store(scale_t + c64 * (mp // BLOCK) + rb, tl.max(st, axis=0), mask=c < k)

@@ -94,8 +94,19 @@ def _blocks(w, launch):
     return q, scale
 
 
-def _rows_and_columns(x, launch):
+ROWS_AND_COLUMNS = {"tiles": 1, "stages": 1, "warps": 4}
+"""``rows_and_columns``' launch: 128 x 128 tiles a program, pipeline stages, warps. On an H200
+(``kernels_bench.py quant``, stop 57) one tile and four warps was the fastest of 21 launches at
+every block width: 1.07-1.10x eight warps (2.0-2.5 TB/s); more tiles a program, pipelined or
+not, and sixteen warps were slower."""
+
+
+def _rows_and_columns(x, launch, tiles=None, stages=None, warps=None):
     from prime_plugin_fp8.quant import FP8, padded
+
+    tiles = tiles or ROWS_AND_COLUMNS["tiles"]
+    stages = stages or ROWS_AND_COLUMNS["stages"]
+    warps = warps or ROWS_AND_COLUMNS["warps"]
 
     m, k = x.shape
     kp, mp = padded(k), padded(m)
@@ -104,10 +115,9 @@ def _rows_and_columns(x, launch):
     qt = torch.empty(k, mp, dtype=FP8, device=x.device)
     scale_t = torch.empty(k, mp // BLOCK, dtype=torch.float32, device=x.device)
     if m and k:
-        # Eight warps: a 128 x 128 float32 tile is 64 values a thread, before its two quantised copies.
-        launch(_kernels().rows_and_columns)[(mp // BLOCK, kp // BLOCK)](
+        launch(_kernels().rows_and_columns)[(mp // BLOCK, -(-kp // (BLOCK * tiles)))](
             x, x.stride(0), x.stride(1), q, scale, qt, scale_t, m, k, kp, mp, BLOCK=BLOCK, SOFT_ROUND=_interpreted(),
-            num_warps=8)
+            TILES=tiles, STAGES=stages, num_warps=warps)
     return q, scale, qt, scale_t
 
 

@@ -67,6 +67,17 @@ def test_rows_and_columns_match_pytorch_bit_for_bit(shape, dtype):
 
 
 @kernel_test
+@pytest.mark.parametrize("tiles, stages, warps", [(2, 1, 4), (2, 2, 8), (4, 3, 8)])
+def test_rows_and_columns_launches_give_the_same_bits(tiles, stages, warps):
+    # Three 128-column blocks: with 2 or 4 tiles a program, the last program has tiles past the end.
+    x = _inputs(200, 300, torch.bfloat16, seed=tiles + stages) * 3
+    want = triton_quant._rows_and_columns(x, triton_quant._direct)
+    got = triton_quant._rows_and_columns(x, triton_quant._direct, tiles=tiles, stages=stages, warps=warps)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8))
+
+
+@kernel_test
 def test_the_quantisers_use_the_kernels_on_their_device():
     x = _inputs(40, 300, torch.bfloat16, seed=1)
     _same(quant.quantize_rows(x), triton_quant.quantize_rows(x))
