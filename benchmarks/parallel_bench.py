@@ -363,7 +363,9 @@ def worker(args) -> int:
                 f"{record['tokens_per_s']:,.0f} tok/s, MFU {100 * record['mfu']:.1f} %, "
                 f"peak {record['peak_memory_gib']:.1f} GiB (prime plan: {record['predicted_peak_gib']:.1f})"
                 + (f", all-to-all {100 * record['all_to_all_share']:.1f} % of GPU time"
-                   if "all_to_all_share" in record else ""))
+                   if "all_to_all_share" in record else "")
+                + (f", GPU clock {record['gpu_clock_mhz_mean']:,.0f} MHz (power-capped "
+                   f"{100 * record['gpu_power_capped_share']:.0f} %)" if "gpu_clock_mhz_mean" in record else ""))
             print(f"{label['kind']} {label.get('model', '')} ({record['params'] / 1e9:.1f}B) {label['config']} "
                   f"seq {seq_len} on {world.size}{', pipelined' if args.pipelined else ''}: {shown}", flush=True)
         import gc

@@ -357,7 +357,8 @@ def table(out: Path) -> None:
         data = json.loads((out / "hf.json").read_text())
         for r in data.get("results", data if isinstance(data, list) else []):
             hf[r.get("seq_len")] = r
-    print(f"{'run':<34}{'seq':>7}{'tok/s':>10}{'MFU':>8}{'peak GiB':>10}{'% dev':>7}{'plan GiB':>10}")
+    print(f"{'run':<34}{'seq':>7}{'tok/s':>10}{'MFU':>8}{'peak GiB':>10}{'% dev':>7}{'plan GiB':>10}"
+          f"{'MHz (capped)':>14}")
     for seq in sorted({r["seq_len"] for r in rows} | set(hf)):
         h = hf.get(seq)
         if h:
@@ -372,7 +373,9 @@ def table(out: Path) -> None:
             if r["seq_len"] != seq:
                 continue
             label = f"{r['kind']}: {r['config']}" + (f" ×{r.get('devices', 1)}" if r.get("devices", 1) > 1 else "")
-            plan = f"{r['predicted_peak_gib']:>10.1f}" if "predicted_peak_gib" in r else ""
+            plan = f"{r['predicted_peak_gib']:>10.1f}" if "predicted_peak_gib" in r else f"{'':>10}"
+            if "gpu_clock_mhz_mean" in r:  # the GPU's mean SM clock over the measured steps, and how often power-capped
+                plan += f"{r['gpu_clock_mhz_mean']:>8,.0f} ({100 * r['gpu_power_capped_share']:.0f}%)"
             if r.get("oom"):
                 print(f"{label:<34}{seq:>7}{'OOM':>10}{'':>25}{plan}")
             else:

@@ -25,7 +25,9 @@ from pathlib import Path
 
 from pydantic import Field
 
+from prime_core import gpu_clocks
 from prime_core.config.base import Section
+from prime_core.gpu_clocks import ClockSampler
 from prime_core.trainer.step import StepClock
 
 
@@ -179,6 +181,7 @@ class BenchMeter:
         self.label = {**label, "loop": "pipelined" if pipelined else "step by step"}
         self.steps: list[dict] = []  # this rank's: reduced over the ranks in ``result``
         self.clock = StepClock(world.device)
+        self.gpu_clocks = ClockSampler.for_device(world.device)  # sampled over the measured steps
 
     def run_fake_steps(self, training, fake, seq_len: int, rng, *, loss_fn, max_norm, loss_kwargs=None,
                        on_step=None) -> dict:
@@ -219,6 +222,7 @@ class BenchMeter:
 
         if step == self.config.warmup_steps + 1:
             reset_peak_memory(self.world.device)
+            self.gpu_clocks.start()
         if not self.pipelined:
             synchronize(self.world.device)
             distributed.barrier(self.world)
@@ -238,6 +242,7 @@ class BenchMeter:
 
         peak_bytes, capacity = peak_memory(self.world.device)
         (peak_bytes,) = distributed.all_reduce([peak_bytes], self.world, "max")
+        clocks = gpu_clocks.over_ranks(self.gpu_clocks.stop(), self.world)
         # Every rank's steps: tokens and FLOPs summed, the slowest rank's time.
         n = len(self.steps)
         summed = distributed.all_reduce([s["tokens"] for s in self.steps] + [s["flops"] for s in self.steps],
@@ -262,6 +267,7 @@ class BenchMeter:
             "matmul_params": self.n_params,
             "peak_memory_gib": peak_bytes / 2**30, "peak_memory_pct": 100.0 * peak_bytes / capacity,
             "device_memory_gib": capacity / 2**30,
+            **(clocks or {}),
         }
 
     def report(self) -> dict | None:
@@ -305,6 +311,8 @@ def print_table(result: dict) -> None:
         ("peak memory", f"{result['peak_memory_gib']:.2f} GiB ({result['peak_memory_pct']:.1f} % of "
                         f"{result['device_memory_gib']:.0f} GiB)"),
     ]
+    if "gpu_clock_mhz_mean" in result:
+        rows.append(("GPU clock (measured steps)", gpu_clocks.describe(result)))
     for name, value in rows:
         table.add_row(name, value)
     Console(highlight=False).print(table)
