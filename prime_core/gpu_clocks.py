@@ -13,12 +13,10 @@ UUID, whatever ``CUDA_VISIBLE_DEVICES`` says) until ``stop()``, which returns th
 
 from __future__ import annotations
 
-import os
 import shutil
 import statistics
 import subprocess
 import tempfile
-from pathlib import Path
 
 QUERY = "clocks.sm,clocks.max.sm,power.draw,power.limit,clocks_event_reasons.active"
 POWER = 0x4 | 0x80  # software power cap, hardware power brake
@@ -31,7 +29,7 @@ class ClockSampler:
         self.gpu = gpu
         self.interval_ms = interval_ms
         self._process: subprocess.Popen | None = None
-        self._log: Path | None = None
+        self._log = None  # an unlinked temporary file: nothing is left behind, whatever ends the run
 
     @classmethod
     def for_device(cls, device) -> ClockSampler:
@@ -41,11 +39,14 @@ class ClockSampler:
         gpu, smi = self.gpu, shutil.which("nvidia-smi")
         if gpu is None or smi is None or self._process is not None:
             return self
-        handle, name = tempfile.mkstemp(prefix="prime-clocks-", suffix=".csv")
-        self._log = Path(name)
+        self._log = tempfile.TemporaryFile()
+        from prime_core.launch.lifeline import parent_death_signal
+
+        # nvidia-smi -lms never ends by itself: tied to this process, so that a run that crashes
+        # before ``stop`` leaves no sampler behind.
         self._process = subprocess.Popen([smi, "-i", gpu, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
-                                          f"-lms={self.interval_ms}"], stdout=handle, stderr=subprocess.DEVNULL)
-        os.close(handle)
+                                          f"-lms={self.interval_ms}"], stdout=self._log, stderr=subprocess.DEVNULL,
+                                         preexec_fn=parent_death_signal())
         return self
 
     def stop(self) -> dict | None:
@@ -59,8 +60,9 @@ class ClockSampler:
             self._process.kill()
             self._process.wait()
         self._process = None
-        text = self._log.read_text()
-        self._log.unlink(missing_ok=True)
+        self._log.seek(0)
+        text = self._log.read().decode(errors="replace")
+        self._log.close()
         return summarize(text)
 
 

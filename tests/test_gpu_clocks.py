@@ -3,7 +3,10 @@
 
 import os
 import stat
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -52,10 +55,33 @@ while true; do echo "1700, 1980, 690.5, 700.00, 0x0000000000000004"; sleep 0.02;
                                         "--format=csv,noheader,nounits", "-lms=100"]
     assert summary["gpu_clock_samples"] >= 3 and summary["gpu_clock_mhz_mean"] == 1700
     assert summary["gpu_power_capped_share"] == 1.0
-    assert sampler.stop() is None  # stopped once; its log is gone
-    assert not list(tmp_path.glob("prime-clocks-*"))
+    assert sampler.stop() is None  # stopped once
     # No GPU id (a CPU, another vendor) or no nvidia-smi: nothing runs, nothing is reported.
     assert gpu_clocks.ClockSampler(None).start().stop() is None
     assert gpu_clocks.ClockSampler.for_device(__import__("torch").device("cpu")).gpu is None
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert gpu_clocks.ClockSampler("GPU-1234").start().stop() is None
+
+
+def test_a_sampler_never_stopped_ends_with_its_process(tmp_path):
+    """A run that dies before ``stop`` (an exception, SIGKILL) leaves no nvidia-smi behind."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/usr/bin/env bash\necho $$ > {tmp_path / 'pid'}\nwhile true; do sleep 0.05; done\n")
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    code = ("import os, signal, time\nfrom prime_core.gpu_clocks import ClockSampler\n"
+            "ClockSampler('GPU-1').start()\ntime.sleep(0.5)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run([sys.executable, "-c", code], env=env, check=False, timeout=60)
+    pid = int((tmp_path / "pid").read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _running(pid):
+        time.sleep(0.1)
+    assert not _running(pid), "nvidia-smi outlived the process that started it"
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
