@@ -12,14 +12,6 @@
 #   bash scripts/test.sh
 #   bash scripts/test.sh -x tests/test_sft.py
 # WORKERS=N: run 1's workers (1: no xdist, and the threads are left alone).
-# With no test paths given, the tool example's SFT warm-up (tests/test_agentic_e2e.py's model,
-# about 4 minutes at the start of run 2 otherwise) runs in the background, in one thread, beside
-# run 1; run 2's fixture waits for it (PRIME_TOOL_WARMUP). Measured from a fresh clone: run 1 took
-# 1,270 s instead of 1,073-1,133 and run 2 602 s instead of 852 (one thread does the warm-up's work
-# in fewer CPU-seconds than two, and run 1 leaves some cores idle). At the lowest priority (nice 19
-# with its session's autogroup too) it got only run 1's idle time, was a third done when run 2
-# began, and both runs took as long as without it (1,128 + 813 s). It is stopped and removed when
-# this script exits. PRIME_TOOL_WARMUP=off: the fixture builds the model itself, in run 2.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-.venv/bin/python}
@@ -30,26 +22,6 @@ for arg in "$@"; do
   esac
 done
 workers=${WORKERS:-2}
-paths=0
-for arg in "$@"; do [ -e "${arg%%::*}" ] && paths=1; done
-if [ "$paths" = 0 ] && [ -z "${PRIME_TOOL_WARMUP:-}" ]; then
-  warm=$(mktemp -d "${TMPDIR:-/tmp}/prime-tool-warmup.XXXXXX")
-  # setsid: a process group of its own, which the trap below stops (the SFT run included); and it
-  # stops itself if this script is gone (killed with SIGKILL, where no trap runs).
-  OMP_NUM_THREADS=1 OUT="$warm" WARM_ONLY=1 SFT_STEPS="${PRIME_TOOL_SFT_STEPS:-500}" PYTHON="$python" \
-    PRIME="$(dirname "$python")/prime" setsid bash -c '
-      bash examples/tools/run.sh > "$OUT/log" 2>&1 & child=$!
-      while kill -0 "$child" 2>/dev/null; do
-        kill -0 "$0" 2>/dev/null || kill -- -$$
-        sleep 2
-      done
-      wait "$child"; echo $? > "$OUT/rc"' $$ &
-  warm_pid=$!
-  trap 'kill -- -"$warm_pid" 2>/dev/null; wait "$warm_pid" 2>/dev/null; rm -rf "$warm"' EXIT
-  trap 'exit 130' INT
-  trap 'exit 143' TERM
-  export PRIME_TOOL_WARMUP="$warm"
-fi
 if [ "$workers" = 1 ]; then
   "$python" -m pytest -m "not serial" "$@"
 else
