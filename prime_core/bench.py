@@ -27,7 +27,6 @@ from pydantic import Field
 
 from prime_core import gpu_clocks
 from prime_core.config.base import Section
-from prime_core.gpu_clocks import ClockSampler
 from prime_core.trainer.step import StepClock
 
 
@@ -181,7 +180,7 @@ class BenchMeter:
         self.label = {**label, "loop": "pipelined" if pipelined else "step by step"}
         self.steps: list[dict] = []  # this rank's: reduced over the ranks in ``result``
         self.clock = StepClock(world.device)
-        self.gpu_clocks = ClockSampler.for_device(world.device)  # sampled over the measured steps
+        self.gpu_clocks = gpu_clocks.ClockSampler.for_device(world.device)  # sampled over the measured steps
 
     def run_fake_steps(self, training, fake, seq_len: int, rng, *, loss_fn, max_norm, loss_kwargs=None,
                        on_step=None) -> dict:
