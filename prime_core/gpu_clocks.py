@@ -3,7 +3,7 @@
 A step's speed depends on the clock the GPU holds, and under sustained load an H100/H200 runs
 into its power limit (700 W) and lowers its SM clock: the 2.9B MoE step ran its 40 measured
 steps at 1,655 MHz on average (1,410 at the lowest; 1,980 at most), capped by power in every
-sample (stop 57). Two machines' MFU differ as much as their clocks do, so a benchmark row says
+sample (stop 57). Two machines' MFU can differ as their clocks do, so a benchmark row says
 what the clock was.
 
 ``ClockSampler.for_device(device).start()`` runs ``nvidia-smi --query-gpu=... -lms 100`` for that GPU (by

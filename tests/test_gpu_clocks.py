@@ -6,12 +6,13 @@ import stat
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+import torch
 
 from prime_core import gpu_clocks
 from prime_core.distributed import World
+from prime_core.launch.lifeline import start_time
 
 # What nvidia-smi printed during stop 57's MoE step (--format=csv,noheader,nounits), and its odd lines.
 LINES = """1980, 1980, 118.25, 700.00, 0x0000000000000000
@@ -58,7 +59,7 @@ while true; do echo "1700, 1980, 690.5, 700.00, 0x0000000000000004"; sleep 0.02;
     assert sampler.stop() is None  # stopped once
     # No GPU id (a CPU, another vendor) or no nvidia-smi: nothing runs, nothing is reported.
     assert gpu_clocks.ClockSampler(None).start().stop() is None
-    assert gpu_clocks.ClockSampler.for_device(__import__("torch").device("cpu")).gpu is None
+    assert gpu_clocks.ClockSampler.for_device(torch.device("cpu")).gpu is None
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert gpu_clocks.ClockSampler("GPU-1234").start().stop() is None
 
@@ -80,8 +81,4 @@ def test_a_sampler_never_stopped_ends_with_its_process(tmp_path):
 
 
 def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+    return start_time(pid) is not None  # None: gone, or a zombie

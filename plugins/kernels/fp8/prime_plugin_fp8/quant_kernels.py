@@ -82,6 +82,7 @@ def rows_and_columns(x, stride_m, stride_k, q, scale, qt, scale_t, m, k, kp, mp,
         s, qv = _quantise(v, tl.max(magnitude, axis=1)[:, None], SOFT_ROUND)
         tl.store(q + r64[:, None] * kp + c64[None, :], qv.to(tl.float8e4nv),
                  mask=(r[:, None] < m) & (c[None, :] < kp))
+        # (cb as a vector: Triton's interpreter refuses a scalar term in a mask)
         tl.store(scale + r64 * blocks + cb, tl.max(s, axis=1), mask=(r < m) & (r * 0 + cb < blocks))
         st, qvt = _quantise(v, tl.max(magnitude, axis=0)[None, :], SOFT_ROUND)
         # x.T's rows are this tile's columns (only the first k exist); its padding, rows m..mp
