@@ -34,6 +34,7 @@ EXAMPLE = ROOT / "examples" / "tools"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.serial,
+    pytest.mark.last,  # its model is the warm-up scripts/test.sh starts in the background
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/install.sh)"),
 ]
 pytest_plugins = ["prime_core.testing"]
@@ -58,7 +59,12 @@ def tool_model(tmp_path_factory) -> Path:
     """The tool example's model: tiny, warmed up on calculator conversations (30% with the
     tool) for the example's 500 steps, which it needs to copy the tool's result reliably (300
     steps: 28%), in rows of 256 tokens as the example packs them (its samples are at most 194):
-    the example's own ``examples/tools/run.sh``, with ``WARM_ONLY=1``."""
+    the example's own ``examples/tools/run.sh``, with ``WARM_ONLY=1``. ``scripts/test.sh``
+    starts it in the background before its first pytest run (``PRIME_TOOL_WARMUP``, its output
+    folder); this waits for it there."""
+    started = os.environ.get("PRIME_TOOL_WARMUP", "off")
+    if started != "off":
+        return _started_warm_up(Path(started))
     root = tmp_path_factory.mktemp("tool-model")
     env = {**os.environ, "OUT": str(root), "WARM_ONLY": "1", "PYTHON": sys.executable,
            "PRIME": str(Path(sys.executable).with_name("prime")),
@@ -66,6 +72,18 @@ def tool_model(tmp_path_factory) -> Path:
     result = subprocess.run(["bash", str(EXAMPLE / "run.sh")], env=env, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, (f"examples/tools/run.sh exited {result.returncode}:\n{result.stdout}\n"
                                     f"{result.stderr}")
+    return root / "sft" / "model"
+
+
+def _started_warm_up(root: Path, timeout: float = 1800) -> Path:
+    deadline = time.monotonic() + timeout
+    while not (root / "rc").exists():
+        assert time.monotonic() < deadline, f"the tool warm-up started by scripts/test.sh in {root} " \
+                                            f"did not finish in {timeout:.0f} s; its log: {root / 'log'}"
+        time.sleep(1)
+    log = (root / "log").read_text() if (root / "log").exists() else "(no log)"
+    rc = (root / "rc").read_text().strip()
+    assert rc == "0", f"examples/tools/run.sh (started by scripts/test.sh) exited {rc}:\n{log}"
     return root / "sft" / "model"
 
 
