@@ -269,6 +269,9 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
         try:
             cases["bf16_graphed"] = (graphed(lambda: F.linear(x, w).backward(dy), (x, w)), 6)
             cases["fp8_graphed"] = (graphed(lambda: fp8_linear(x, w, backend=backend).backward(dy), (x, w)), 6)
+            # The weight gradient in bf16 (`fp8_wgrad=False`): no 1x128-by-1x128 GEMM, rows-only quantisers.
+            cases["fp8_bf16_wgrad_graphed"] = (graphed(
+                lambda: fp8_linear(x, w, backend=backend, fp8_wgrad=False).backward(dy), (x, w)), 6)
         except RuntimeError as exc:
             print(f"no CUDA graph of {model} {layer} ({backend}): {exc}", flush=True)
     if parts:
@@ -738,20 +741,23 @@ def fp8_tables(console, fp8: list[dict]) -> None:
         console.print(groups)
     compiled = Table(title="Compiled (torch.compile, Inductor launching the quantisers), fwd+bwd TFLOP/s; the "
                            "group is the layer's linears as one FP8 group, against one bf16 linear; graphed: "
-                           "replayed from a CUDA graph, the GPU's time alone")
+                           "replayed from a CUDA graph, the GPU's time alone (bf16 wgrad: fp8_wgrad=False)")
     for column in ("backend", "model", "layer", "M×K×N", "bf16", "fp8", "ratio", "fp8 group", "ratio",
-                   "bf16 graphed", "fp8 graphed", "ratio"):
+                   "bf16 graphed", "fp8 graphed", "ratio", "bf16 wgrad", "ratio"):
         compiled.add_column(column, justify="right")
     for (backend, model, layer, m, case), r in keyed.items():
         if case != "bf16_compiled":
             continue
         get = {c: keyed.get((backend, model, layer, m, c), {}).get("tflops", float("nan"))
-               for c in ("bf16_compiled", "fp8_compiled", "fp8_group_compiled", "bf16_graphed", "fp8_graphed")}
+               for c in ("bf16_compiled", "fp8_compiled", "fp8_group_compiled", "bf16_graphed", "fp8_graphed",
+                         "fp8_bf16_wgrad_graphed")}
         compiled.add_row(backend, model, layer, f"{m}×{r['k']}×{r['n']}", f"{get['bf16_compiled']:.0f}",
                          f"{get['fp8_compiled']:.0f}",
                          ratio(get["fp8_compiled"], get["bf16_compiled"]), f"{get['fp8_group_compiled']:.0f}",
                          ratio(get["fp8_group_compiled"], get["bf16_compiled"]), f"{get['bf16_graphed']:.0f}",
-                         f"{get['fp8_graphed']:.0f}", ratio(get["fp8_graphed"], get["bf16_graphed"]))
+                         f"{get['fp8_graphed']:.0f}", ratio(get["fp8_graphed"], get["bf16_graphed"]),
+                         f"{get['fp8_bf16_wgrad_graphed']:.0f}",
+                         ratio(get["fp8_bf16_wgrad_graphed"], get["bf16_graphed"]))
     if compiled.rows:
         console.print(compiled)
 

@@ -80,6 +80,8 @@ KNOBS = {
                                 "ac_offloading": {"max_inflight_activations": 2, "blocks": 20}, "attn": "torch_fused"},
     "custom_fp8_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
                            "quantization": "fp8"},
+    "custom_fp8_bf16_wgrad_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
+                                      "quantization": "fp8", "fp8_wgrad": False},
     "custom_ac": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "ac": {"freq": 1}},
     "custom_ac_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "ac": {"freq": 1},
                           "compile": {}},

@@ -17,6 +17,11 @@ class FP8Keys(Section):
     before every strategy that wraps or shards); the backend is ``trainer.model.kernels.fp8_linear``
     (``auto`` by default). prime-rl 0.6's ``fp8 = true`` means the same."""
 
+    fp8_wgrad: bool = True
+    """With ``quantization = "fp8"``: the weight gradient ``dy.T @ x`` in FP8 too (1×128 blocks
+    along the tokens on both sides, as DeepSeek-V3); ``false`` computes it in bf16 from ``x``
+    kept in bf16 (more activation memory: 2 bytes an element of each linear's input instead of 1)."""
+
     @model_validator(mode="before")
     @classmethod
     def _fp8_flag(cls, data: Any) -> Any:

@@ -65,7 +65,8 @@ def memory(est, config) -> None:
     attention's output, which attention keeps anyway); down's input, the SwiGLU product, is
     no longer kept by anything (compiled, Inductor kept it). MoE experts stay high precision
     (their shared expert, small, is not recounted). Frozen weights (LoRA's base) save no
-    input: nothing changes. Only one linear's (or group's) transient copies are alive at a
+    input: nothing changes; nor does ``fp8_wgrad = false`` (the linear keeps ``x`` itself, as
+    bf16 does). Only one linear's (or group's) transient copies are alive at a
     time: its weights concatenated in their own precision (a group) and quantised, and its
     activations' FP8 copies, bounded by the largest block's weight at compute precision plus a
     byte, and a byte for the row's widest activation."""
@@ -74,7 +75,7 @@ def memory(est, config) -> None:
     largest = max(est.block_numel(), default=0)
     copies = largest * (1 + est.compute_bytes) + est.tokens * 4 * est.hidden
     est.add_buffer("fp8: quantised copies of one block", copies, ("backward",))
-    if getattr(config, "lora", None):
+    if getattr(config, "lora", None) or not getattr(config, "fp8_wgrad", True):
         return
     saved = [(_fp8_inputs(block, ("q_proj", "k_proj", "v_proj", "o_proj")),
               _fp8_inputs(getattr(block, "mlp", None), ("gate_proj", "up_proj", "down_proj")))

@@ -14,7 +14,7 @@ def apply(model, *, config, **_):
     backend = config.kernels.get("fp8_linear", "auto")
     key = "trainer.model.kernels.fp8_linear" if "fp8_linear" in config.kernels else "trainer.model.quantization"
     spec = get_plugin_manager().select("kernels", f"fp8_linear:{backend}", key=key, shown=backend)
-    if not spec.impl(model):
+    if not spec.impl(model, fp8_wgrad=config.fp8_wgrad):
         raise PluginError("trainer.model.quantization = 'fp8': the model has no block linear layers "
                           "(q_proj ... down_proj) to convert", hint="unset trainer.model.quantization")
     return model

@@ -72,6 +72,20 @@ def test_kernel_impl_converts_a_model(manager):
     assert "fp8=emulated" in repr(model.model.layers[0].self_attn.q_proj)
 
 
+def test_the_strategy_computes_the_weight_gradient_as_configured(manager):
+    from prime_plugin_custom.model import CausalLM
+    from prime_plugin_custom.tiny import tiny_config
+    from prime_plugin_fp8 import strategy
+
+    for fp8_wgrad in (True, False):
+        keys = schema_for("trainer", manager).model_validate(
+            {"model": {"quantization": "fp8", "fp8_wgrad": fp8_wgrad, "kernels": {"fp8_linear": "emulated"}}}).model
+        with torch.device("meta"):
+            model = strategy.apply(CausalLM(tiny_config("Qwen3ForCausalLM")), config=keys)
+        assert model.model.layers[0].mlp.down_proj.fp8_wgrad is fp8_wgrad
+        assert repr(model.model.layers[0].mlp.down_proj).endswith("" if fp8_wgrad else ", wgrad=high)")
+
+
 def test_satisfies_the_quantization_setting(manager, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # the default hub model may be downloaded: not this test's concern
     config = schema_for("trainer", manager).model_validate({"model": {"quantization": "fp8"}})

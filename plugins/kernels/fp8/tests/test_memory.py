@@ -34,7 +34,7 @@ def _predicted_activations(*args) -> float:
     return prediction.terms["activations"]
 
 
-def _saved_activation_bytes(tiny, impl: str, fp8: bool) -> int:
+def _saved_activation_bytes(tiny, impl: str, fp8: bool, fp8_wgrad: bool = True) -> int:
     """Bytes of the distinct non-parameter storages autograd saves in one forward pass."""
     from prime_core.cli.common import load_config
     from prime_core.plugins import get_plugin_manager
@@ -44,7 +44,7 @@ def _saved_activation_bytes(tiny, impl: str, fp8: bool) -> int:
     config = load_config("rl", _args(tiny, impl=impl)).trainer.model
     model = resolve_impl(config, get_plugin_manager()).build(config, device="cpu")
     if fp8:
-        assert convert(model, "emulated") > 0
+        assert convert(model, "emulated", fp8_wgrad=fp8_wgrad) > 0
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     storages: dict[int, int] = {}
 
@@ -76,3 +76,11 @@ def test_with_lora_the_fp8_base_saves_nothing_more(installed_plugins, tiny):
     lora = ["--trainer.model.lora.rank", "4"]
     assert _predicted_activations(*_args(tiny, *lora, "--trainer.model.quantization", "fp8")) == \
         _predicted_activations(*_args(tiny, *lora))
+
+
+def test_with_the_weight_gradient_in_bf16_the_linears_save_what_bf16_saves(installed_plugins, tiny):
+    """``fp8_wgrad = false``: each linear keeps ``x`` itself, as a bf16 one does; measured and planned."""
+    assert _saved_activation_bytes(tiny, "custom", fp8=True, fp8_wgrad=False) == \
+        _saved_activation_bytes(tiny, "custom", fp8=False)
+    assert _predicted_activations(*_args(tiny, "--trainer.model.quantization", "fp8",
+                                         "--trainer.model.fp8-wgrad", "false")) == _predicted_activations(*_args(tiny))
