@@ -82,8 +82,8 @@ print(" ".join(f"{m}:{l}" for m, s in k.FP8_SHAPES.items() for l in s))')
       [ -d $model ] || timeout 120 python3 benchmarks/trainer_memory.py model --model-dir $model --out "$OUT" \
         > "$OUT/fp8step.log" 2>&1
       # FP8's first steps compile DeepGEMM's kernels for the model's shapes: more warm-up steps.
-      timeout 420 python3 benchmarks/trainer_memory.py knobs --model-dir $model --out "$OUT" --seq-lens 8192 \
-        --knobs custom_compile custom_fp8_compile --warmup 3 --steps 6 >> "$OUT/fp8step.log" 2>&1 \
+      timeout 540 python3 benchmarks/trainer_memory.py knobs --model-dir $model --out "$OUT" --seq-lens 8192 \
+        --knobs custom_compile custom_fp8_compile custom_fp8_bf16_wgrad_compile --warmup 3 --steps 6 >> "$OUT/fp8step.log" 2>&1 \
         || echo "fp8 step exited $? (log: fp8step.log)"
       python3 benchmarks/trainer_memory.py table --out "$OUT" ;;
     quant)

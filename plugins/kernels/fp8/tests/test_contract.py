@@ -26,10 +26,11 @@ class TestDeepGemm(TestEmulated):
 
 
 class TestStrategy(ParallelStrategyContract):
-    """``quantization = "fp8"`` under FSDP on 2 processes matches one eager FP8 process."""
+    """``quantization = "fp8"`` under FSDP on 2 processes matches one eager FP8 process (with the
+    weight gradient in FP8 too: the bf16 one is a plain matmul)."""
 
     name = "fp8"
     resume = False  # the conversion keeps every Parameter: the fsdp suite checks resuming
     # SGD: Adam turns FP8 rounding flips of near-zero gradients into whole steps
-    cases = [{"name": "custom_fp8", "model": {"impl": "custom", "quantization": "fp8"},
+    cases = [{"name": "custom_fp8", "model": {"impl": "custom", "quantization": "fp8", "fp8_wgrad": True},
               "optim": {"type": "sgd", "lr": 0.1}}]

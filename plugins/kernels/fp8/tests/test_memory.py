@@ -66,7 +66,8 @@ def test_the_plan_counts_what_fp8_linears_save(installed_plugins, tiny, impl="cu
     ``o_proj`` that this CPU's attention kernel does not make (its output transposes back
     without one), so the bf16 run it is compared with keeps less than its profile says."""
     plain = _predicted_activations(*_args(tiny, impl=impl))
-    fp8 = _predicted_activations(*_args(tiny, "--trainer.model.quantization", "fp8", impl=impl))
+    fp8 = _predicted_activations(*_args(tiny, "--trainer.model.quantization", "fp8",
+                                        "--trainer.model.fp8-wgrad", "true", impl=impl))
     measured = _saved_activation_bytes(tiny, impl, fp8=True) - _saved_activation_bytes(tiny, impl, fp8=False)
     assert measured != 0, (plain, fp8)
     assert fp8 - plain == pytest.approx(measured, rel=1e-6), (plain, fp8, measured)
@@ -79,8 +80,9 @@ def test_with_lora_the_fp8_base_saves_nothing_more(installed_plugins, tiny):
 
 
 def test_with_the_weight_gradient_in_bf16_the_linears_save_what_bf16_saves(installed_plugins, tiny):
-    """``fp8_wgrad = false``: each linear keeps ``x`` itself, as a bf16 one does; measured and planned."""
+    """``fp8_wgrad = false`` (the default): each linear keeps ``x`` itself, as a bf16 one does;
+    measured and planned."""
     assert _saved_activation_bytes(tiny, "custom", fp8=True, fp8_wgrad=False) == \
         _saved_activation_bytes(tiny, "custom", fp8=False)
-    assert _predicted_activations(*_args(tiny, "--trainer.model.quantization", "fp8",
-                                         "--trainer.model.fp8-wgrad", "false")) == _predicted_activations(*_args(tiny))
+    assert _predicted_activations(*_args(tiny, "--trainer.model.quantization", "fp8")) == \
+        _predicted_activations(*_args(tiny)), "the default"
