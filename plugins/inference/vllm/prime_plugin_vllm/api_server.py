@@ -35,23 +35,27 @@ def release_server_sockets(port: int) -> list[int]:
         except OSError:
             continue  # not a socket (or already gone)
         with probe:
-            try:
-                ours = (probe.family in (socket.AF_INET, socket.AF_INET6) and probe.type == socket.SOCK_STREAM
-                        and probe.getsockname()[1] == port)
-            except OSError:
-                continue
-            if ours:
-                try:
-                    probe.getpeername()
-                    continue  # a connection, not the server's socket
-                except OSError:
-                    pass
+            ours = _unconnected_tcp_on(probe, port)
         if ours:
             null = os.open(os.devnull, os.O_RDWR)
             os.dup2(null, fd)
             os.close(null)
             released.append(fd)
     return released
+
+
+def _unconnected_tcp_on(sock: socket.socket, port: int) -> bool:
+    try:
+        if (sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM
+                or sock.getsockname()[1] != port):
+            return False
+    except OSError:
+        return False
+    try:
+        sock.getpeername()
+    except OSError:
+        return True  # no peer: the server's own socket
+    return False  # a connection
 
 
 def fork_engine_core() -> None:
