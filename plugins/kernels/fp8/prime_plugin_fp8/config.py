@@ -25,7 +25,7 @@ class FP8Keys(Section):
     the bf16 weight gradient is the faster one: the Qwen3-1.7B-shape step at 8k tokens 1.07x
     bf16's against about 1.0x, the lone linears 1.12-1.29x bf16 against 0.91-1.29x (the FP8
     weight-gradient GEMM runs at about 780 TFLOP/s, and its operands' column quantisation costs
-    more than it saves); and it is exact in bf16."""
+    more than it saves), and it adds no FP8 rounding to the weight gradient."""
 
     @model_validator(mode="before")
     @classmethod

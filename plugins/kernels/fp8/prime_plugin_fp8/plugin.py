@@ -75,7 +75,7 @@ def memory(est, config) -> None:
     largest = max(est.block_numel(), default=0)
     copies = largest * (1 + est.compute_bytes) + est.tokens * 4 * est.hidden
     est.add_buffer("fp8: quantised copies of one block", copies, ("backward",))
-    if getattr(config, "lora", None) or not getattr(config, "fp8_wgrad", True):
+    if getattr(config, "lora", None) or not config.fp8_wgrad:
         return
     saved = [(_fp8_inputs(block, ("q_proj", "k_proj", "v_proj", "o_proj")),
               _fp8_inputs(getattr(block, "mlp", None), ("gate_proj", "up_proj", "down_proj")))
