@@ -4,6 +4,7 @@
     python3 benchmarks/kernels_bench.py lm_head --tokens 8192 16384 32768 65536 --out $OUT
     python3 benchmarks/kernels_bench.py fp8 --tokens 8192 --out $OUT    # --backends deep_gemm torch: both; --profile
     python3 benchmarks/kernels_bench.py fp8_host --backends deep_gemm torch --reps 200 --out $OUT
+    python3 benchmarks/kernels_bench.py quant_rows --tokens 8192 --out $OUT    # --launch 32:1:4: ROWS:BLOCKS:WARPS
     python3 benchmarks/kernels_bench.py adamw --out $OUT                       # --launch 4096:4 1024:8: launch shapes
     python3 benchmarks/kernels_bench.py norm --out $OUT                        # --launch 8192:8 4096:4
     python3 benchmarks/kernels_bench.py moe --tokens 8192 --out $OUT           # --profile
@@ -237,13 +238,16 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
         # The linear as it was before the fused Triton quantisers: the PyTorch ones, same bits.
         from prime_plugin_fp8 import linear, quant
 
-        fused = linear.quantize_rows, linear.quantize_blocks, linear.quantize_rows_and_columns
+        names = ("quantize_rows", "quantize_blocks", "quantize_rows_and_columns", "quantize_rows_and_blocks")
+        fused = [getattr(linear, name) for name in names]
         linear.quantize_rows, linear.quantize_blocks = quant.quantize_rows_torch, quant.quantize_blocks_torch
         linear.quantize_rows_and_columns = lambda t: (quant.quantize_rows_torch(t), quant.quantize_rows_torch(t.t()))
+        linear.quantize_rows_and_blocks = lambda t, u: (quant.quantize_rows_torch(t), quant.quantize_blocks_torch(u))
         try:
             fp8_linear(x, w, backend=backend).backward(dy)
         finally:
-            linear.quantize_rows, linear.quantize_blocks, linear.quantize_rows_and_columns = fused
+            for name, fn in zip(names, fused, strict=True):
+                setattr(linear, name, fn)
 
     # Where the model has several linears of one input here (q, k, v; gate, up): each alone, as
     # the trainer ran them before FP8 groups (and as bf16 still does).
@@ -259,6 +263,7 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
         "bf16": (lambda: F.linear(x, w).backward(dy), 6),
         "fp8": (lambda: fp8_linear(x, w, backend=backend).backward(dy), 6),
         "fp8_torch_quant": (with_torch_quantisers, 6),
+        "fp8_bf16_wgrad": (lambda: fp8_linear(x, w, backend=backend, fp8_wgrad=False).backward(dy), 6),
         "bf16_gemm": (lambda: x.detach() @ w.detach().T, 2),
         "fp8_gemm": (lambda: fp8_gemm.gemm(xq, wq, b_block=128, out_dtype=torch.bfloat16, backend=backend), 2),
     }
@@ -295,7 +300,7 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
                   "host_ms": 1e3 * host}
         rows.append(record)
         emit(args, record)
-        if args.profile and case in ("fp8", "fp8_compiled"):
+        if args.profile and case in ("fp8", "fp8_compiled", "fp8_bf16_wgrad"):
             profile_calls(fn, device, f"fp8_linear {backend}, {model} {layer}, {m}x{k}x{n}")
     # The fused quantiser alone: x read once (bf16), its two FP8 copies and their scales written.
     seconds, _, _ = timed(lambda: quantize_rows_and_columns(x.detach()), device, args.reps)
@@ -344,6 +349,82 @@ def bench_quant(args, device) -> list[dict]:
                           "gbps": moved / seconds / 1e9, "same_bits": same}
                 rows.append(record)
                 emit(args, record)
+    return rows
+
+
+def bench_quant_rows(args, device) -> list[dict]:
+    """``quantize_rows`` (an activation's or a gradient's 1 x 128 blocks, what a linear with the
+    weight gradient in bf16 quantises) at every launch of ``--launch ROWS:BLOCKS:WARPS`` (default
+    a sweep), and ``quantize_blocks`` of each weight and of its transpose (the input gradient's
+    ``W.T``) at 4 and 8 warps; GPU time, each checked bit for bit against the default launch.
+    Beside them a bf16 copy of the same tensor: the rate the memory allows."""
+    import torch
+
+    from prime_plugin_fp8 import quant, triton_quant
+
+    launches = [tuple(map(int, spec.split(":"))) for spec in args.launch] or [
+        (rows, blocks, warps) for rows in (16, 32, 64) for blocks in (1, 2, 4) for warps in (2, 4, 8)
+        if rows * blocks <= 128]
+    shapes = {shape for model in FP8_SHAPES.values() for shape in model.values()}
+    widths = sorted({k for k, n in shapes} | {n for k, n in shapes})
+
+    def same(got, want):
+        bits = lambda t: t.view(torch.uint8) if t.dtype == quant.FP8 else t  # noqa: E731
+        return all(torch.equal(bits(a), bits(b)) for a, b in zip(got, want, strict=True))
+
+    def record(**fields):
+        rows.append(fields)
+        emit(args, fields)
+
+    warm_up(device)
+    rows = []
+    for m in args.tokens:
+        for k in widths:
+            x = torch.randn(m, k // 16 if args.tiny else k, device=device).bfloat16()
+            moved = 2 * x.numel() + x.numel() + 4 * x.numel() / 128  # bf16 in, FP8 and scales out
+            seconds = gpu_seconds(lambda x=x: x.clone(), max(args.reps, 20))
+            record(bench="quant_rows", case="bf16 copy", m=m, k=x.shape[1], gpu_us=seconds * 1e6,
+                   gbps=4 * x.numel() / seconds / 1e9, same_bits=True)
+            want = triton_quant._rows(x, triton_quant._direct)
+            for r, b, w in launches:
+                def fn(x=x, r=r, b=b, w=w):
+                    return triton_quant._rows(x, triton_quant._direct, rows=r, blocks=b, warps=w)
+                try:
+                    ok = same(fn(), want)
+                    seconds = gpu_seconds(fn, max(args.reps, 20))
+                except Exception as exc:  # a launch Triton cannot compile: say so, go on
+                    print(f"quant_rows {m}x{k} {r}:{b}:{w}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                    continue
+                record(bench="quant_rows", case=f"{r}:{b}:{w}", m=m, k=x.shape[1], gpu_us=seconds * 1e6,
+                       gbps=moved / seconds / 1e9, same_bits=ok)
+    for k, n in sorted(shapes):
+        w = torch.randn(n // 16 if args.tiny else n, k // 16 if args.tiny else k, device=device).bfloat16()
+        moved = 3 * w.numel()
+        # W.T: read along W's rows and stored transposed (the default), or read across them.
+        for name, t, store in (("W", w, None), ("W.T", w.t(), None), ("W.T read across", w.t(), False)):
+            want = triton_quant._blocks(t, triton_quant._direct)
+            for warps in (4, 8):
+                def fn(t=t, warps=warps, store=store):
+                    return triton_quant._blocks(t, triton_quant._direct, warps=warps, transposed_store=store)
+                ok = same(fn(), want)
+                seconds = gpu_seconds(fn, max(args.reps, 20))
+                record(bench="quant_blocks", case=f"{name} {warps} warps", m=w.shape[0], k=w.shape[1],
+                       gpu_us=seconds * 1e6, gbps=moved / seconds / 1e9, same_bits=ok)
+        # A GEMM's two operands in one launch (forward: x and W; input gradient: dy and W.T)
+        # against the two launches.
+        for m in args.tokens:
+            for name, a, b in (("x, W", torch.randn(m, w.shape[1], device=device).bfloat16(), w),
+                               ("dy, W.T", torch.randn(m, w.shape[0], device=device).bfloat16(), w.t())):
+                moved = 3 * a.numel() + 3 * b.numel()
+                want = triton_quant._rows_and_blocks(a, b, triton_quant._direct)
+                cases = {"one launch": lambda a=a, b=b: triton_quant._rows_and_blocks(a, b, triton_quant._direct),
+                         "two launches": lambda a=a, b=b: (*triton_quant._rows(a, triton_quant._direct),
+                                                           *triton_quant._blocks(b, triton_quant._direct))}
+                for case, fn in cases.items():
+                    ok = same(fn(), want)
+                    seconds = gpu_seconds(fn, max(args.reps, 20))
+                    record(bench="quant_operands", case=case, operands=name, m=m, k=a.shape[1], n=b.shape[0],
+                           gpu_us=seconds * 1e6, gbps=moved / seconds / 1e9, same_bits=ok)
     return rows
 
 
@@ -818,6 +899,7 @@ def table(out: Path) -> None:
             grid.add_row(case, *(f"{keyed[(b, case)]:.0f}" if (b, case) in keyed else "-" for b in backends))
         console.print(grid)
     quant_table(console, [r for r in records if r["bench"] == "quant"])
+    quant_rows_table(console, [r for r in records if r["bench"] in ("quant_rows", "quant_blocks", "quant_operands")])
     moe_table(console, [r for r in records if r["bench"] == "moe"])
     steps = [r for r in records if r["bench"] == "adamw"]
     if steps:
@@ -855,6 +937,54 @@ def quant_table(console, rows: list[dict]) -> None:
     console.print(grid)
 
 
+def quant_rows_table(console, rows: list[dict]) -> None:
+    """Per input shape: a bf16 copy, the default launch, the fastest bit-exact one; per weight
+    shape, ``W`` and ``W.T``'s blocks."""
+    from rich.table import Table
+
+    if not rows:
+        return
+    from prime_plugin_fp8.triton_quant import ROWS
+
+    show = lambda r: f"{r['gpu_us']:.1f} ({r['gbps']:.0f})" if r else "-"  # noqa: E731
+    default = "{rows}:{blocks}:{warps}".format(**ROWS)
+    grid = Table(title=f"quantize_rows, GPU µs (GB/s); launches ROWS:BLOCKS:WARPS, default {default}")
+    for column in ("M × K", "bf16 copy", "default", "fastest launch", "× default"):
+        grid.add_column(column, justify="right")
+    quants = [r for r in rows if r["bench"] == "quant_rows"]
+    for shape in dict.fromkeys((r["m"], r["k"]) for r in quants):
+        cell = {r["case"]: r for r in quants if (r["m"], r["k"]) == shape}
+        best = min((r for c, r in cell.items() if r["same_bits"] and c != "bf16 copy"), key=lambda r: r["gpu_us"])
+        base = cell.get(default)
+        grid.add_row(f"{shape[0]:,} × {shape[1]:,}", show(cell.get("bf16 copy")), show(base),
+                     f"{best['case']}: {show(best)}", ratio(base["gpu_us"], best["gpu_us"]) if base else "-")
+    console.print(grid)
+    blocks = [r for r in rows if r["bench"] == "quant_blocks"]
+    if blocks:
+        cases = list(dict.fromkeys(r["case"] for r in blocks))
+        grid = Table(title="quantize_blocks, GPU µs (GB/s)")
+        for column in ("N × K", *cases, "same bits"):
+            grid.add_column(column, justify="right")
+        for shape in dict.fromkeys((r["m"], r["k"]) for r in blocks):
+            cell = {r["case"]: r for r in blocks if (r["m"], r["k"]) == shape}
+            grid.add_row(f"{shape[0]:,} × {shape[1]:,}", *(show(cell.get(c)) for c in cases),
+                         str(all(r["same_bits"] for r in cell.values())))
+        console.print(grid)
+    operands = [r for r in rows if r["bench"] == "quant_operands"]
+    if operands:
+        grid = Table(title="A GEMM's two operands quantised in one launch (quantize_rows_and_blocks) or two, GPU µs "
+                           "(GB/s)")
+        for column in ("M × K", "operands", "B", "two launches", "one launch", "× two", "same bits"):
+            grid.add_column(column, justify="right")
+        for key in dict.fromkeys((r["m"], r["k"], r["operands"], r["n"]) for r in operands):
+            cell = {r["case"]: r for r in operands if (r["m"], r["k"], r["operands"], r["n"]) == key}
+            one, two = cell.get("one launch"), cell.get("two launches")
+            grid.add_row(f"{key[0]:,} × {key[1]:,}", key[2], f"{key[3]:,} × {key[1]:,}", show(two), show(one),
+                         ratio(one["gpu_us"], two["gpu_us"]) if one and two else "-",
+                         str(all(r["same_bits"] for r in cell.values())))
+        console.print(grid)
+
+
 def ratio(value, base) -> str:
     return f"{value / base:.2f}" if base else "-"
 
@@ -862,13 +992,14 @@ def ratio(value, base) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode",
-                        choices=("lm_head", "fp8", "fp8_host", "quant", "adamw", "norm", "moe", "grouped_mm", "table"))
+                        choices=("lm_head", "fp8", "fp8_host", "quant", "quant_rows", "adamw", "norm", "moe",
+                                 "grouped_mm", "table"))
     parser.add_argument("--models", nargs="+", default=["1.7B", "moe"], help="adamw, norm: the shapes")
     parser.add_argument("--launch", nargs="+", default=[], metavar="BLOCK:WARPS",
-                        help="adamw, norm, moe, quant: time the fused kernel / the squares / the permutation's "
-                             "kernels / the FP8 quantiser at each of these launch shapes (default: their own; norm's "
-                             "NORM_BLOCK:NORM_WARPS, moe's TILE:SPAN:WARPS, see moe_triton.TILE; quant's "
-                             "TILES:STAGES:WARPS, default a sweep)")
+                        help="adamw, norm, moe, quant, quant_rows: time the fused kernel / the squares / the "
+                             "permutation's kernels / the FP8 quantiser at each of these launch shapes (default: "
+                             "their own; norm's NORM_BLOCK:NORM_WARPS, moe's TILE:SPAN:WARPS, see moe_triton.TILE; "
+                             "quant's TILES:STAGES:WARPS and quant_rows' ROWS:BLOCKS:WARPS, default a sweep)")
     parser.add_argument("--backends", nargs="+", default=["auto"],
                         help="fp8: the fp8_linear backends to time, each beside its own bf16 run")
     parser.add_argument("--layers", nargs="+", default=[], metavar="MODEL:LAYER",
@@ -891,7 +1022,8 @@ def main() -> int:
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    {"lm_head": bench_lm_head, "fp8": bench_fp8, "fp8_host": bench_fp8_host, "quant": bench_quant, "adamw": bench_adamw,
+    {"lm_head": bench_lm_head, "fp8": bench_fp8, "fp8_host": bench_fp8_host, "quant": bench_quant,
+     "quant_rows": bench_quant_rows, "adamw": bench_adamw,
      "norm": bench_norm, "moe": bench_moe, "grouped_mm": bench_grouped_mm}[args.mode](args, device)
     return 0
 

@@ -9,8 +9,9 @@
 #                                              # linear on deep_gemm eager, compiled and CUDA-graphed beside bf16
 #                                              # (~5.5 min: the build ~80 s, tests with the JIT warm-up ~160 s)
 #   bash benchmarks/kernels_gpu.sh fp8step     # the compiled 1.7B step at 8k, bf16 against FP8 (DeepGEMM if built)
-#   bash benchmarks/kernels_gpu.sh quant       # the FP8 quantiser's tests compiled, and its launches timed at
-#                                              # M = 8,192 on every block width (kernels_bench.py quant)
+#   bash benchmarks/kernels_gpu.sh quant       # the FP8 quantisers' tests compiled, and their launches timed at
+#                                              # M = 8,192 on every block width (kernels_bench.py quant,
+#                                              # quant_rows); QUANT_ONLY=rows: quant_rows alone
 # Results under $OUT: kernels.jsonl, results.jsonl + hf.json (trainer_memory.py table), logs.
 # Needs prime installed (benchmarks/device_setup.sh); liger-kernel from benchmarks/.whl/extra if carried.
 set -uo pipefail
@@ -69,8 +70,10 @@ print(" ".join(f"{m}:{l}" for m, s in k.FP8_SHAPES.items() for l in s))')
       echo "tests and JIT warm-up: $(( $(date +%s) - start )) s"
       timeout 120 python3 benchmarks/kernels_bench.py fp8_host --backends deep_gemm torch --reps 200 --out "$OUT" \
         > "$OUT/fp8_host.log" 2>&1 || echo "fp8_host exited $?"
-      # deep_gemm only (torch's rows: stop 40): each shape also compiles three linears (~5 s each).
-      timeout 300 python3 benchmarks/kernels_bench.py fp8 --backends deep_gemm --tokens 8192 --reps 10 --out "$OUT" \
+      # deep_gemm only unless FP8_BACKENDS says (torch's rows: stop 40): each shape also compiles
+      # three linears (~5 s each).
+      timeout 480 python3 benchmarks/kernels_bench.py fp8 --backends ${FP8_BACKENDS:-deep_gemm} --tokens 8192 --reps 10 \
+        --out "$OUT" \
         > "$OUT/deepgemm_bench.log" 2>&1 || echo "fp8 bench exited $?"
       grep '"fp8_quant"' "$OUT/kernels.jsonl" | cut -c1-200
       python3 benchmarks/kernels_bench.py table --out "$OUT" ;;
@@ -89,8 +92,10 @@ print(" ".join(f"{m}:{l}" for m, s in k.FP8_SHAPES.items() for l in s))')
     quant)
       timeout 200 python3 -m pytest -q -p no:cacheprovider plugins/kernels/fp8/tests/test_triton_quant.py \
         > "$OUT/quant_tests.log" 2>&1; tail -2 "$OUT/quant_tests.log"
-      timeout 300 python3 benchmarks/kernels_bench.py quant --tokens 8192 --out "$OUT" ${QUANT_LAUNCH:+--launch $QUANT_LAUNCH} \
-        > "$OUT/quant.log" 2>&1 || { echo "quant bench exited $?"; tail -5 "$OUT/quant.log"; }
+      [ "${QUANT_ONLY:-}" = rows ] || timeout 300 python3 benchmarks/kernels_bench.py quant --tokens 8192 --out "$OUT" \
+        ${QUANT_LAUNCH:+--launch $QUANT_LAUNCH} > "$OUT/quant.log" 2>&1 || { echo "quant bench exited $?"; tail -5 "$OUT/quant.log"; }
+      timeout 300 python3 benchmarks/kernels_bench.py quant_rows --tokens 8192 --out "$OUT" \
+        > "$OUT/quant_rows.log" 2>&1 || { echo "quant_rows bench exited $?"; tail -5 "$OUT/quant_rows.log"; }
       python3 benchmarks/kernels_bench.py table --out "$OUT" ;;
     *) echo "unknown phase $phase (tests, bench, step, attention, deepgemm, fp8step, quant)"; exit 2 ;;
   esac

@@ -247,6 +247,8 @@ def blockwise_scales(a_scale, b_scale, b_block: int):
     ``[rows, K / 128]`` with strides ``(1, rows)``; 128×128 scales as ``[L4, ceil(N / 128)]``
     with strides ``(1, L4)``, ``L4`` = K blocks rounded up to 4 (zero-filled)."""
     def outer_major(scale, rows: int):
+        if scale.shape[0] == rows and scale.stride() == (1, rows):
+            return scale  # the layout the Triton quantisers write (``triton_quant.row_scales``)
         # Built with explicit strides: .t().contiguous().t() keeps the old strides when a
         # dimension has size 1, and PyTorch's stride check then refuses a single-row scale.
         out = scale.new_zeros(rows * scale.shape[1]).as_strided((rows, scale.shape[1]), (1, rows))

@@ -35,35 +35,81 @@ def _quantise(v, amax, SOFT_ROUND: tl.constexpr):
 
 
 @triton.jit
-def rows(x, stride_m, stride_k, q, scale, m, k, kp, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-         SOFT_ROUND: tl.constexpr):
-    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    block = tl.program_id(1)
-    c = block * BLOCK + tl.arange(0, BLOCK)
+def _rows_tile(x, stride_m, stride_k, q, scale, stride_sm, stride_sk, m, k, kp, row_group, block_group,
+               BLOCK: tl.constexpr, ROWS: tl.constexpr, BLOCKS: tl.constexpr, SOFT_ROUND: tl.constexpr):
+    """One ``ROWS`` x ``BLOCKS`` * 128 tile of ``x``: each row's ``BLOCKS`` 1 x 128 blocks."""
+    r = row_group * ROWS + tl.arange(0, ROWS)
+    b = block_group * BLOCKS + tl.arange(0, BLOCKS)
+    c = block_group * (BLOCKS * BLOCK) + tl.arange(0, BLOCKS * BLOCK)
     r64 = r.to(tl.int64)
     inside = (r[:, None] < m) & (c[None, :] < k)
     v = tl.load(x + r64[:, None] * stride_m + c[None, :] * stride_k, mask=inside, other=0.0).to(tl.float32)
-    s, qv = _quantise(v, tl.max(tl.abs(v), axis=1)[:, None], SOFT_ROUND)
-    stored = (r[:, None] < m) & (c[None, :] < kp)
-    tl.store(q + r64[:, None] * kp + c[None, :], qv.to(tl.float8e4nv), mask=stored)
-    tl.store(scale + r64 * (kp // BLOCK) + block, tl.max(s, axis=1), mask=r < m)
+    v = tl.reshape(v, (ROWS, BLOCKS, BLOCK))
+    s, qv = _quantise(v, tl.max(tl.abs(v), axis=2)[:, :, None], SOFT_ROUND)
+    qv = tl.reshape(qv, (ROWS, BLOCKS * BLOCK))
+    tl.store(q + r64[:, None] * kp + c[None, :], qv.to(tl.float8e4nv), mask=(r[:, None] < m) & (c[None, :] < kp))
+    tl.store(scale + r64[:, None] * stride_sm + b[None, :] * stride_sk, tl.max(s, axis=2),
+             mask=(r[:, None] < m) & (b[None, :] < kp // BLOCK))
 
 
 @triton.jit
-def blocks(w, stride_n, stride_k, q, scale, n, k, kp, BLOCK: tl.constexpr, SOFT_ROUND: tl.constexpr):
-    rb, cb = tl.program_id(0), tl.program_id(1)
+def _block_tile(w, stride_n, stride_k, q, scale, n, k, columns, rb, cb, BLOCK: tl.constexpr,
+                SOFT_ROUND: tl.constexpr, TRANSPOSE: tl.constexpr):
+    """The 128 x 128 block ``(rb, cb)`` of ``w [n, k]``: into ``q [n, columns]`` (``columns`` =
+    padded k) and ``scale[rb, cb]``; or, ``TRANSPOSE``, as ``w.T``'s block ``(cb, rb)`` into
+    ``q [k, columns]`` (``columns`` = padded n) and ``scale[cb, rb]``. Either way ``w`` is read
+    along its own rows: a transposed read of a row-major weight is slower (stop 59)."""
     r = rb * BLOCK + tl.arange(0, BLOCK)
     c = cb * BLOCK + tl.arange(0, BLOCK)
-    r64 = r.to(tl.int64)
-    inside = (r[:, None] < n) & (c[None, :] < k)
-    v = tl.load(w + r64[:, None] * stride_n + c[None, :] * stride_k, mask=inside, other=0.0).to(tl.float32)
+    r64, c64 = r.to(tl.int64), c.to(tl.int64)
+    v = tl.load(w + r64[:, None] * stride_n + c64[None, :] * stride_k, mask=(r[:, None] < n) & (c[None, :] < k),
+                other=0.0).to(tl.float32)
     s, qv = _quantise(v, tl.max(tl.max(tl.abs(v), axis=1), axis=0), SOFT_ROUND)
-    tl.store(q + r64[:, None] * kp + c[None, :], qv.to(tl.float8e4nv), mask=(r[:, None] < n) & (c[None, :] < kp))
-    tl.store(scale + rb * (kp // BLOCK) + cb, s)
+    if TRANSPOSE:
+        tl.store(q + c64[:, None] * columns + r64[None, :], tl.trans(qv).to(tl.float8e4nv),
+                 mask=(c[:, None] < k) & (r[None, :] < columns))
+        tl.store(scale + cb * (columns // BLOCK) + rb, s)
+    else:
+        tl.store(q + r64[:, None] * columns + c64[None, :], qv.to(tl.float8e4nv),
+                 mask=(r[:, None] < n) & (c[None, :] < columns))
+        tl.store(scale + rb * (columns // BLOCK) + cb, s)
 
 
 @triton.jit
-def rows_and_columns(x, stride_m, stride_k, q, scale, qt, scale_t, m, k, kp, mp, BLOCK: tl.constexpr,
+def rows(x, stride_m, stride_k, q, scale, stride_sm, stride_sk, m, k, kp, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+         BLOCKS: tl.constexpr, SOFT_ROUND: tl.constexpr):
+    _rows_tile(x, stride_m, stride_k, q, scale, stride_sm, stride_sk, m, k, kp, tl.program_id(0), tl.program_id(1),
+               BLOCK, ROWS, BLOCKS, SOFT_ROUND)
+
+
+@triton.jit
+def blocks(w, stride_n, stride_k, q, scale, n, k, columns, BLOCK: tl.constexpr, SOFT_ROUND: tl.constexpr,
+           TRANSPOSE: tl.constexpr):
+    _block_tile(w, stride_n, stride_k, q, scale, n, k, columns, tl.program_id(0), tl.program_id(1), BLOCK,
+                SOFT_ROUND, TRANSPOSE)
+
+
+@triton.jit
+def rows_and_blocks(x, stride_m, stride_k, q, scale, stride_sm, stride_sk, m, k, kp, w, stride_n, stride_wk, qw,
+                    scale_w, n, kw, columns, row_programs, block_columns, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+                    BLOCKS: tl.constexpr, SOFT_ROUND: tl.constexpr, TRANSPOSE: tl.constexpr):
+    """``rows`` of ``x`` and ``blocks`` of ``w`` in one launch (a GEMM's two operands): the first
+    ``row_programs`` programs take ``x``'s tiles along its rows, the rest ``w``'s blocks. One launch
+    instead of two, and the weight's few blocks run beside ``x``'s tiles instead of alone."""
+    pid = tl.program_id(0)
+    if pid < row_programs:
+        groups = tl.cdiv(kp, BLOCK * BLOCKS)
+        _rows_tile(x, stride_m, stride_k, q, scale, stride_sm, stride_sk, m, k, kp, pid // groups, pid % groups,
+                   BLOCK, ROWS, BLOCKS, SOFT_ROUND)
+    else:
+        t = pid - row_programs
+        _block_tile(w, stride_n, stride_wk, qw, scale_w, n, kw, columns, t // block_columns, t % block_columns,
+                    BLOCK, SOFT_ROUND, TRANSPOSE)
+
+
+@triton.jit
+def rows_and_columns(x, stride_m, stride_k, q, scale, stride_sm, stride_sk, qt, scale_t, stride_tk, stride_tm, m, k,
+                     kp, mp, BLOCK: tl.constexpr,
                      SOFT_ROUND: tl.constexpr, TILES: tl.constexpr, STAGES: tl.constexpr):
     """``TILES`` 128 x 128 tiles along one 128-row strip, each read once: ``rows``' output for
     ``x`` and for ``x.T`` (whose 1 x 128 blocks are this tile's columns), the latter stored
@@ -83,9 +129,9 @@ def rows_and_columns(x, stride_m, stride_k, q, scale, qt, scale_t, m, k, kp, mp,
         tl.store(q + r64[:, None] * kp + c64[None, :], qv.to(tl.float8e4nv),
                  mask=(r[:, None] < m) & (c[None, :] < kp))
         # (cb as a vector: Triton's interpreter refuses a scalar term in a mask)
-        tl.store(scale + r64 * blocks + cb, tl.max(s, axis=1), mask=(r < m) & (r * 0 + cb < blocks))
+        tl.store(scale + r64 * stride_sm + cb * stride_sk, tl.max(s, axis=1), mask=(r < m) & (r * 0 + cb < blocks))
         st, qvt = _quantise(v, tl.max(magnitude, axis=0)[None, :], SOFT_ROUND)
         # x.T's rows are this tile's columns (only the first k exist); its padding, rows m..mp
         # of x, was loaded as zeros and is stored as such.
         tl.store(qt + c64[:, None] * mp + r64[None, :], tl.trans(qvt).to(tl.float8e4nv), mask=c[:, None] < k)
-        tl.store(scale_t + c64 * (mp // BLOCK) + rb, tl.max(st, axis=0), mask=c < k)
+        tl.store(scale_t + c64 * stride_tk + rb * stride_tm, tl.max(st, axis=0), mask=c < k)

@@ -29,9 +29,6 @@ import torch
 from torch.library import triton_op, wrap_triton
 
 BLOCK = 128
-ROWS = 32
-"""Rows (of ``quantize_rows``) per program: a 32 x 128 tile, so that a transposed input,
-contiguous along the rows, is still read in whole cache lines."""
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,10 +41,20 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``quant.quantize_blocks`` in one kernel: ``w [N, K]`` -> ``(q [N, Kp] float8_e4m3fn,
-    scale [ceil(N / 128), Kp / 128] float32)``."""
+    scale [ceil(N / 128), Kp / 128] float32)``. A transposed view of a row-major weight (the
+    input gradient's ``W.T``) is read along the weight's rows and stored transposed."""
     if torch.compiler.is_compiling():
         return _blocks_op(w)
     return _blocks(w, _direct)
+
+
+def quantize_rows_and_blocks(x: torch.Tensor, w: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor],
+                                                                         tuple[torch.Tensor, torch.Tensor]]:
+    """``(quantize_rows(x), quantize_blocks(w))`` in one launch: a GEMM's two operands (the
+    forward's ``x`` and ``W``, the input gradient's ``dy`` and ``W.T``)."""
+    q, scale, qw, scale_w = (_rows_and_blocks_op(x, w) if torch.compiler.is_compiling()
+                             else _rows_and_blocks(x, w, _direct))
+    return (q, scale), (qw, scale_w)
 
 
 def quantize_rows_and_columns(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor],
@@ -67,31 +74,81 @@ def _direct(kernel):
     return kernel
 
 
-def _rows(x, launch):
+def row_scales(m: int, blocks: int, device) -> torch.Tensor:
+    """An empty ``[m, blocks]`` float32 tensor for 1 x 128 scales, laid out as the GEMMs read
+    them: along ``m`` first (column-major), each column starting 16-byte aligned. DeepGEMM takes
+    that layout as it is (TMA loads a column of a tile's scales); given row-major scales it
+    transposes them in a kernel of its own before every GEMM. cuBLASLt's blockwise scales are
+    column-major too."""
+    aligned = -(-m // 4) * 4
+    return torch.empty_strided((m, blocks), (1, aligned), dtype=torch.float32, device=device)
+
+
+ROWS = {"rows": 32, "blocks": 1, "warps": 4}
+"""``rows``' launch: rows a program (at least 32, so that a transposed input, contiguous along
+the rows, is still read in whole cache lines), 1 x 128 blocks of each row, warps."""
+
+
+def _rows(x, launch, rows=None, blocks=None, warps=None):
     from prime_plugin_fp8.quant import FP8, padded
 
+    rows, blocks, warps = rows or ROWS["rows"], blocks or ROWS["blocks"], warps or ROWS["warps"]
     m, k = x.shape
     kp = padded(k)
     q = torch.empty(m, kp, dtype=FP8, device=x.device)
-    scale = torch.empty(m, kp // BLOCK, dtype=torch.float32, device=x.device)
+    scale = row_scales(m, kp // BLOCK, x.device)
     if m and kp:
-        grid = (-(-m // ROWS), kp // BLOCK)
-        launch(_kernels().rows)[grid](x, x.stride(0), x.stride(1), q, scale, m, k, kp, BLOCK=BLOCK, ROWS=ROWS,
-                                      SOFT_ROUND=_interpreted())
+        grid = (-(-m // rows), -(-kp // (BLOCK * blocks)))
+        launch(_kernels().rows)[grid](x, x.stride(0), x.stride(1), q, scale, *scale.stride(), m, k, kp, BLOCK=BLOCK,
+                                      ROWS=rows, BLOCKS=blocks, SOFT_ROUND=_interpreted(), num_warps=warps)
     return q, scale
 
 
-def _blocks(w, launch):
+def _blocks_of(w, transposed_store=None):
+    """What ``blocks`` reads for ``quantize_blocks(w)`` and where it writes: ``(source,
+    transpose, q, scale)``. ``w``, or, where ``w`` is the transpose of a row-major tensor (and
+    ``transposed_store`` is not ``False``), that tensor, its blocks stored transposed."""
     from prime_plugin_fp8.quant import FP8, padded
 
-    n, k = w.shape
-    kp, np_ = padded(k), padded(n)
-    q = torch.empty(n, kp, dtype=FP8, device=w.device)
-    scale = torch.empty(np_ // BLOCK, kp // BLOCK, dtype=torch.float32, device=w.device)
-    if n and kp:
-        launch(_kernels().blocks)[(np_ // BLOCK, kp // BLOCK)](w, w.stride(0), w.stride(1), q, scale, n, k, kp,
-                                                               BLOCK=BLOCK, SOFT_ROUND=_interpreted())
+    if transposed_store is None:
+        transposed_store = not w.is_contiguous() and w.t().is_contiguous()
+    rows, columns = w.shape
+    q = torch.empty(rows, padded(columns), dtype=FP8, device=w.device)
+    scale = torch.empty(padded(rows) // BLOCK, padded(columns) // BLOCK, dtype=torch.float32, device=w.device)
+    return (w.t() if transposed_store else w), transposed_store, q, scale
+
+
+def _blocks(w, launch, warps=4, transposed_store=None):
+    from prime_plugin_fp8.quant import padded
+
+    source, transpose, q, scale = _blocks_of(w, transposed_store)
+    n, k = source.shape
+    if w.numel():
+        launch(_kernels().blocks)[(padded(n) // BLOCK, padded(k) // BLOCK)](
+            source, source.stride(0), source.stride(1), q, scale, n, k, q.shape[1], BLOCK=BLOCK,
+            SOFT_ROUND=_interpreted(), TRANSPOSE=transpose, num_warps=warps)
     return q, scale
+
+
+def _rows_and_blocks(x, w, launch):
+    from prime_plugin_fp8.quant import FP8, padded
+
+    rows, blocks, warps = ROWS["rows"], ROWS["blocks"], ROWS["warps"]
+    m, k = x.shape
+    kp = padded(k)
+    q = torch.empty(m, kp, dtype=FP8, device=x.device)
+    scale = row_scales(m, kp // BLOCK, x.device)
+    source, transpose, qw, scale_w = _blocks_of(w)
+    n, kw = source.shape
+    row_programs = -(-m // rows) * -(-kp // (BLOCK * blocks)) if m and kp else 0
+    block_columns = padded(kw) // BLOCK
+    block_programs = padded(n) // BLOCK * block_columns if w.numel() else 0
+    if row_programs + block_programs:
+        launch(_kernels().rows_and_blocks)[(row_programs + block_programs,)](
+            x, x.stride(0), x.stride(1), q, scale, *scale.stride(), m, k, kp, source, source.stride(0),
+            source.stride(1), qw, scale_w, n, kw, qw.shape[1], row_programs, block_columns, BLOCK=BLOCK, ROWS=rows,
+            BLOCKS=blocks, SOFT_ROUND=_interpreted(), TRANSPOSE=transpose, num_warps=warps)
+    return q, scale, qw, scale_w
 
 
 ROWS_AND_COLUMNS = {"tiles": 1, "stages": 1, "warps": 4}
@@ -111,12 +168,13 @@ def _rows_and_columns(x, launch, tiles=None, stages=None, warps=None):
     m, k = x.shape
     kp, mp = padded(k), padded(m)
     q = torch.empty(m, kp, dtype=FP8, device=x.device)
-    scale = torch.empty(m, kp // BLOCK, dtype=torch.float32, device=x.device)
+    scale = row_scales(m, kp // BLOCK, x.device)
     qt = torch.empty(k, mp, dtype=FP8, device=x.device)
-    scale_t = torch.empty(k, mp // BLOCK, dtype=torch.float32, device=x.device)
+    scale_t = row_scales(k, mp // BLOCK, x.device)
     if m and k:
         launch(_kernels().rows_and_columns)[(mp // BLOCK, -(-kp // (BLOCK * tiles)))](
-            x, x.stride(0), x.stride(1), q, scale, qt, scale_t, m, k, kp, mp, BLOCK=BLOCK, SOFT_ROUND=_interpreted(),
+            x, x.stride(0), x.stride(1), q, scale, *scale.stride(), qt, scale_t, *scale_t.stride(), m, k, kp, mp,
+            BLOCK=BLOCK, SOFT_ROUND=_interpreted(),
             TILES=tiles, STAGES=stages, num_warps=warps)
     return q, scale, qt, scale_t
 
@@ -129,6 +187,12 @@ def _rows_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @triton_op("prime_fp8::quantize_blocks", mutates_args=())
 def _blocks_op(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _blocks(w, wrap_triton)
+
+
+@triton_op("prime_fp8::quantize_rows_and_blocks", mutates_args=())
+def _rows_and_blocks_op(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                    torch.Tensor]:
+    return _rows_and_blocks(x, w, wrap_triton)
 
 
 @triton_op("prime_fp8::quantize_rows_and_columns", mutates_args=())

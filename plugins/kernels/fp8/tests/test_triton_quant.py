@@ -50,6 +50,31 @@ def test_blocks_match_pytorch_bit_for_bit(shape, dtype):
 
 
 @kernel_test
+@pytest.mark.parametrize("shape", [(1, 1), (5, 7), (200, 260), (300, 129)])
+def test_a_transposed_weight_is_read_along_its_rows_with_the_same_bits(shape):
+    w = _inputs(*shape, torch.bfloat16, seed=sum(shape))
+    want = triton_quant._blocks(w.t(), triton_quant._direct, transposed_store=False)  # read across rows
+    _same(triton_quant._blocks(w.t(), triton_quant._direct), want)
+    _same(triton_quant._blocks(w.t(), triton_quant._direct, transposed_store=True), want)
+
+
+@kernel_test
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("x_shape, w_shape", [((1, 1), (1, 1)), ((70, 200), (130, 200)), ((130, 384), (256, 384)),
+                                              ((33, 129), (300, 129))])
+def test_rows_and_blocks_match_pytorch_bit_for_bit(x_shape, w_shape, dtype):
+    x, w = _inputs(*x_shape, dtype, seed=x_shape[0]), _inputs(*w_shape, dtype, seed=w_shape[0]) * 5
+    rows, blocks = triton_quant.quantize_rows_and_blocks(x, w)
+    _same(rows, quant.quantize_rows_torch(x))
+    _same(blocks, quant.quantize_blocks_torch(w))
+    # The input gradient's operands: dy and W.T (a view of the row-major weight).
+    dy = _inputs(x_shape[0], w_shape[0], dtype, seed=9)
+    rows, blocks = triton_quant.quantize_rows_and_blocks(dy, w.t())
+    _same(rows, quant.quantize_rows_torch(dy))
+    _same(blocks, quant.quantize_blocks_torch(w.t()))
+
+
+@kernel_test
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape", [(1, 1), (3, 5), (128, 128), (130, 384), (200, 129)])
 def test_rows_and_columns_match_pytorch_bit_for_bit(shape, dtype):
@@ -73,8 +98,29 @@ def test_rows_and_columns_launches_give_the_same_bits(tiles, stages, warps):
     x = _inputs(200, 300, torch.bfloat16, seed=tiles + stages) * 3
     want = triton_quant._rows_and_columns(x, triton_quant._direct)
     got = triton_quant._rows_and_columns(x, triton_quant._direct, tiles=tiles, stages=stages, warps=warps)
-    for a, b in zip(got, want, strict=True):
-        assert torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8))
+    _same(got[:2], want[:2])
+    _same(got[2:], want[2:])
+
+
+@kernel_test
+@pytest.mark.parametrize("rows, blocks, warps", [(32, 2, 4), (64, 4, 8), (16, 1, 2)])
+def test_rows_launches_give_the_same_bits(rows, blocks, warps):
+    # Three 128-column blocks and 200 rows: the last programs have rows and blocks past the end.
+    x = _inputs(200, 300, torch.bfloat16, seed=rows + blocks) * 3
+    want = triton_quant._rows(x, triton_quant._direct)
+    _same(triton_quant._rows(x, triton_quant._direct, rows=rows, blocks=blocks, warps=warps), want)
+    _same(triton_quant._rows(x.t().contiguous().t(), triton_quant._direct, rows=rows, blocks=blocks, warps=warps),
+          want)
+
+
+@kernel_test
+@pytest.mark.parametrize("m", [1, 6, 128])
+def test_row_scales_are_laid_out_as_the_gemms_read_them(m):
+    # Column-major, each column 16-byte aligned: DeepGEMM takes them without a transposing kernel.
+    x = _inputs(m, 300, torch.bfloat16, seed=m)
+    (_, scale), (_, scale_t) = triton_quant.quantize_rows_and_columns(x)
+    for s, rows in ((triton_quant.quantize_rows(x)[1], m), (scale, m), (scale_t, 300)):
+        assert s.shape[0] == rows and s.stride(0) == 1 and s.stride(1) == -(-rows // 4) * 4
 
 
 @kernel_test
@@ -82,6 +128,9 @@ def test_the_quantisers_use_the_kernels_on_their_device():
     x = _inputs(40, 300, torch.bfloat16, seed=1)
     _same(quant.quantize_rows(x), triton_quant.quantize_rows(x))
     _same(quant.quantize_blocks(x), triton_quant.quantize_blocks(x))
+    for got, want in zip(quant.quantize_rows_and_blocks(x, x.t()), triton_quant.quantize_rows_and_blocks(x, x.t()),
+                         strict=True):
+        _same(got, want)
     for got, want in zip(quant.quantize_rows_and_columns(x), triton_quant.quantize_rows_and_columns(x), strict=True):
         _same(got, want)
 
