@@ -238,11 +238,10 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
         # The linear as it was before the fused Triton quantisers: the PyTorch ones, same bits.
         from prime_plugin_fp8 import linear, quant
 
-        names = ("quantize_rows", "quantize_blocks", "quantize_rows_and_columns", "quantize_rows_and_blocks")
+        names = ("quantize_rows", "quantize_blocks", "quantize_rows_and_columns")
         fused = [getattr(linear, name) for name in names]
         linear.quantize_rows, linear.quantize_blocks = quant.quantize_rows_torch, quant.quantize_blocks_torch
         linear.quantize_rows_and_columns = lambda t: (quant.quantize_rows_torch(t), quant.quantize_rows_torch(t.t()))
-        linear.quantize_rows_and_blocks = lambda t, u: (quant.quantize_rows_torch(t), quant.quantize_blocks_torch(u))
         try:
             fp8_linear(x, w, backend=backend).backward(dy)
         finally:
@@ -410,21 +409,6 @@ def bench_quant_rows(args, device) -> list[dict]:
                 seconds = gpu_seconds(fn, max(args.reps, 20))
                 record(bench="quant_blocks", case=f"{name} {warps} warps", m=w.shape[0], k=w.shape[1],
                        gpu_us=seconds * 1e6, gbps=moved / seconds / 1e9, same_bits=ok)
-        # A GEMM's two operands in one launch (forward: x and W; input gradient: dy and W.T)
-        # against the two launches.
-        for m in args.tokens:
-            for name, a, b in (("x, W", torch.randn(m, w.shape[1], device=device).bfloat16(), w),
-                               ("dy, W.T", torch.randn(m, w.shape[0], device=device).bfloat16(), w.t())):
-                moved = 3 * a.numel() + 3 * b.numel()
-                want = triton_quant._rows_and_blocks(a, b, triton_quant._direct)
-                cases = {"one launch": lambda a=a, b=b: triton_quant._rows_and_blocks(a, b, triton_quant._direct),
-                         "two launches": lambda a=a, b=b: (*triton_quant._rows(a, triton_quant._direct),
-                                                           *triton_quant._blocks(b, triton_quant._direct))}
-                for case, fn in cases.items():
-                    ok = same(fn(), want)
-                    seconds = gpu_seconds(fn, max(args.reps, 20))
-                    record(bench="quant_operands", case=case, operands=name, m=m, k=a.shape[1], n=b.shape[0],
-                           gpu_us=seconds * 1e6, gbps=moved / seconds / 1e9, same_bits=ok)
     return rows
 
 
@@ -899,7 +883,7 @@ def table(out: Path) -> None:
             grid.add_row(case, *(f"{keyed[(b, case)]:.0f}" if (b, case) in keyed else "-" for b in backends))
         console.print(grid)
     quant_table(console, [r for r in records if r["bench"] == "quant"])
-    quant_rows_table(console, [r for r in records if r["bench"] in ("quant_rows", "quant_blocks", "quant_operands")])
+    quant_rows_table(console, [r for r in records if r["bench"] in ("quant_rows", "quant_blocks")])
     moe_table(console, [r for r in records if r["bench"] == "moe"])
     steps = [r for r in records if r["bench"] == "adamw"]
     if steps:
@@ -968,19 +952,6 @@ def quant_rows_table(console, rows: list[dict]) -> None:
         for shape in dict.fromkeys((r["m"], r["k"]) for r in blocks):
             cell = {r["case"]: r for r in blocks if (r["m"], r["k"]) == shape}
             grid.add_row(f"{shape[0]:,} × {shape[1]:,}", *(show(cell.get(c)) for c in cases),
-                         str(all(r["same_bits"] for r in cell.values())))
-        console.print(grid)
-    operands = [r for r in rows if r["bench"] == "quant_operands"]
-    if operands:
-        grid = Table(title="A GEMM's two operands quantised in one launch (quantize_rows_and_blocks) or two, GPU µs "
-                           "(GB/s)")
-        for column in ("M × K", "operands", "B", "two launches", "one launch", "× two", "same bits"):
-            grid.add_column(column, justify="right")
-        for key in dict.fromkeys((r["m"], r["k"], r["operands"], r["n"]) for r in operands):
-            cell = {r["case"]: r for r in operands if (r["m"], r["k"], r["operands"], r["n"]) == key}
-            one, two = cell.get("one launch"), cell.get("two launches")
-            grid.add_row(f"{key[0]:,} × {key[1]:,}", key[2], f"{key[3]:,} × {key[1]:,}", show(two), show(one),
-                         ratio(one["gpu_us"], two["gpu_us"]) if one and two else "-",
                          str(all(r["same_bits"] for r in cell.values())))
         console.print(grid)
 

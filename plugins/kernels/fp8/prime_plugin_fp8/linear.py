@@ -30,13 +30,7 @@ import torch
 from torch import nn
 
 from prime_plugin_fp8.gemm import gemm
-from prime_plugin_fp8.quant import (
-    BLOCK,
-    quantize_blocks,
-    quantize_rows,
-    quantize_rows_and_blocks,
-    quantize_rows_and_columns,
-)
+from prime_plugin_fp8.quant import BLOCK, quantize_blocks, quantize_rows, quantize_rows_and_columns
 
 
 def _weights(weights: list[torch.Tensor], transposed: bool) -> torch.Tensor:
@@ -86,10 +80,9 @@ class _FP8Linears(torch.autograd.Function):
         xt = xt_scale = None
         if needs_w and fp8_wgrad:
             rows, (xt, xt_scale) = quantize_rows_and_columns(x2)
-            blocks = quantize_blocks(_weights(weights, False))
         else:
-            rows, blocks = quantize_rows_and_blocks(x2, _weights(weights, False))
-        y = _gemm(rows, blocks, 128, x.dtype, backend)
+            rows = quantize_rows(x2)
+        y = _gemm(rows, quantize_blocks(_weights(weights, False)), 128, x.dtype, backend)
         sizes = [w.shape[0] for w in weights]
         outs = y.split(sizes, dim=1) if count > 1 else (y,)
         outs = tuple((o if b is None else o + b.to(o.dtype)).reshape(*lead, o.shape[1])
@@ -115,14 +108,11 @@ class _FP8Linears(torch.autograd.Function):
         # g.T's rows, for dW).
         if needs_x and fp8_w:
             rows, columns = quantize_rows_and_columns(g)
-            blocks = quantize_blocks(_weights(weights, True))
-        elif needs_x:
-            (rows, blocks), columns = quantize_rows_and_blocks(g, _weights(weights, True)), None
         else:
-            rows = blocks = None
+            rows = quantize_rows(g) if needs_x else None
             columns = quantize_rows(g.t()) if fp8_w else None
         if needs_x:
-            grad_x = _gemm(rows, blocks, 128, ctx.x_dtype, ctx.backend)
+            grad_x = _gemm(rows, quantize_blocks(_weights(weights, True)), 128, ctx.x_dtype, ctx.backend)
         if fp8_w:
             grad_w = _gemm(columns, (xt, xt_scale), 1, ctx.w_dtype, ctx.backend)
         elif needs_w:

@@ -5,7 +5,6 @@
 - ``quantize_rows_and_columns(x)``: ``quantize_rows`` of ``x`` and of ``x.T`` at once.
 - ``quantize_blocks(w [N, K])``: one scale per 128×128 block (weights: the scales of ``W`` and
   of ``W.T`` are the same blocks, so either product can use them).
-- ``quantize_rows_and_blocks(x, w)``: both, in one launch on a GPU (a GEMM's two operands).
 
 Values are ``torch.float8_e4m3fn``; scales are float32 and are *dequantisation* scales,
 ``x ≈ q.float() * scale``, with ``scale = amax(block) / 448`` so each block's largest
@@ -101,18 +100,6 @@ def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if w.is_cuda and TRITON:
         return triton_quant.quantize_blocks(w)
     return quantize_blocks_torch(w)
-
-
-def quantize_rows_and_blocks(x: torch.Tensor, w: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor],
-                                                                         tuple[torch.Tensor, torch.Tensor]]:
-    """``(quantize_rows(x), quantize_blocks(w))``: a GEMM's two operands, in one launch on a CUDA
-    device with Triton (``triton_quant``, the same bits)."""
-    if x.dim() != 2 or w.dim() != 2:
-        raise ValueError(f"quantize_rows_and_blocks takes 2-D tensors, got shapes {tuple(x.shape)} and "
-                         f"{tuple(w.shape)}")
-    if x.is_cuda and TRITON:
-        return triton_quant.quantize_rows_and_blocks(x, w)
-    return quantize_rows_torch(x), quantize_blocks_torch(w)
 
 
 def quantize_blocks_torch(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

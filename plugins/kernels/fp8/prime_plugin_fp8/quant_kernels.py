@@ -90,24 +90,6 @@ def blocks(w, stride_n, stride_k, q, scale, n, k, columns, BLOCK: tl.constexpr, 
 
 
 @triton.jit
-def rows_and_blocks(x, stride_m, stride_k, q, scale, stride_sm, stride_sk, m, k, kp, w, stride_n, stride_wk, qw,
-                    scale_w, n, kw, columns, row_programs, block_columns, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-                    BLOCKS: tl.constexpr, SOFT_ROUND: tl.constexpr, TRANSPOSE: tl.constexpr):
-    """``rows`` of ``x`` and ``blocks`` of ``w`` in one launch (a GEMM's two operands): the first
-    ``row_programs`` programs take ``x``'s tiles along its rows, the rest ``w``'s blocks. One launch
-    instead of two, and the weight's few blocks run beside ``x``'s tiles instead of alone."""
-    pid = tl.program_id(0)
-    if pid < row_programs:
-        groups = tl.cdiv(kp, BLOCK * BLOCKS)
-        _rows_tile(x, stride_m, stride_k, q, scale, stride_sm, stride_sk, m, k, kp, pid // groups, pid % groups,
-                   BLOCK, ROWS, BLOCKS, SOFT_ROUND)
-    else:
-        t = pid - row_programs
-        _block_tile(w, stride_n, stride_wk, qw, scale_w, n, kw, columns, t // block_columns, t % block_columns,
-                    BLOCK, SOFT_ROUND, TRANSPOSE)
-
-
-@triton.jit
 def rows_and_columns(x, stride_m, stride_k, q, scale, stride_sm, stride_sk, qt, scale_t, stride_tk, stride_tm, m, k,
                      kp, mp, BLOCK: tl.constexpr,
                      SOFT_ROUND: tl.constexpr, TILES: tl.constexpr, STAGES: tl.constexpr):

@@ -48,15 +48,6 @@ def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _blocks(w, _direct)
 
 
-def quantize_rows_and_blocks(x: torch.Tensor, w: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor],
-                                                                         tuple[torch.Tensor, torch.Tensor]]:
-    """``(quantize_rows(x), quantize_blocks(w))`` in one launch: a GEMM's two operands (the
-    forward's ``x`` and ``W``, the input gradient's ``dy`` and ``W.T``)."""
-    q, scale, qw, scale_w = (_rows_and_blocks_op(x, w) if torch.compiler.is_compiling()
-                             else _rows_and_blocks(x, w, _direct))
-    return (q, scale), (qw, scale_w)
-
-
 def quantize_rows_and_columns(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor],
                                                           tuple[torch.Tensor, torch.Tensor]]:
     """``(quantize_rows(x), quantize_rows(x.T))`` from one read of ``x [M, K]``: a linear's
@@ -84,9 +75,12 @@ def row_scales(m: int, blocks: int, device) -> torch.Tensor:
     return torch.empty_strided((m, blocks), (1, aligned), dtype=torch.float32, device=device)
 
 
-ROWS = {"rows": 32, "blocks": 1, "warps": 4}
-"""``rows``' launch: rows a program (at least 32, so that a transposed input, contiguous along
-the rows, is still read in whole cache lines), 1 x 128 blocks of each row, warps."""
+ROWS = {"rows": 16, "blocks": 2, "warps": 4}
+"""``rows``' launch: rows a program, 1 x 128 blocks of each row, warps. On an H200
+(``kernels_bench.py quant_rows``, stop 59) 16 rows of two blocks and four warps was within 0.5%
+of the fastest of 25 launches at every width from 2,048 to 24,576 (M = 8,192), 0.6-3.5% faster
+than stop 57's 32 rows of one block, at 3.7-4.1 TB/s: faster than a bf16 copy of the input,
+which moves a third more bytes."""
 
 
 def _rows(x, launch, rows=None, blocks=None, warps=None):
@@ -130,27 +124,6 @@ def _blocks(w, launch, warps=4, transposed_store=None):
     return q, scale
 
 
-def _rows_and_blocks(x, w, launch):
-    from prime_plugin_fp8.quant import FP8, padded
-
-    rows, blocks, warps = ROWS["rows"], ROWS["blocks"], ROWS["warps"]
-    m, k = x.shape
-    kp = padded(k)
-    q = torch.empty(m, kp, dtype=FP8, device=x.device)
-    scale = row_scales(m, kp // BLOCK, x.device)
-    source, transpose, qw, scale_w = _blocks_of(w)
-    n, kw = source.shape
-    row_programs = -(-m // rows) * -(-kp // (BLOCK * blocks)) if m and kp else 0
-    block_columns = padded(kw) // BLOCK
-    block_programs = padded(n) // BLOCK * block_columns if w.numel() else 0
-    if row_programs + block_programs:
-        launch(_kernels().rows_and_blocks)[(row_programs + block_programs,)](
-            x, x.stride(0), x.stride(1), q, scale, *scale.stride(), m, k, kp, source, source.stride(0),
-            source.stride(1), qw, scale_w, n, kw, qw.shape[1], row_programs, block_columns, BLOCK=BLOCK, ROWS=rows,
-            BLOCKS=blocks, SOFT_ROUND=_interpreted(), TRANSPOSE=transpose, num_warps=warps)
-    return q, scale, qw, scale_w
-
-
 ROWS_AND_COLUMNS = {"tiles": 1, "stages": 1, "warps": 4}
 """``rows_and_columns``' launch: 128 x 128 tiles a program, pipeline stages, warps. On an H200
 (``kernels_bench.py quant``, stop 57) one tile and four warps was the fastest of 21 launches at
@@ -187,12 +160,6 @@ def _rows_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @triton_op("prime_fp8::quantize_blocks", mutates_args=())
 def _blocks_op(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _blocks(w, wrap_triton)
-
-
-@triton_op("prime_fp8::quantize_rows_and_blocks", mutates_args=())
-def _rows_and_blocks_op(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                    torch.Tensor]:
-    return _rows_and_blocks(x, w, wrap_triton)
 
 
 @triton_op("prime_fp8::quantize_rows_and_columns", mutates_args=())
