@@ -75,12 +75,13 @@ def row_scales(m: int, blocks: int, device) -> torch.Tensor:
     return torch.empty_strided((m, blocks), (1, aligned), dtype=torch.float32, device=device)
 
 
-ROWS = {"rows": 16, "blocks": 2, "warps": 4}
-"""``rows``' launch: rows a program, 1 x 128 blocks of each row, warps. On an H200
-(``kernels_bench.py quant_rows``, stop 59) 16 rows of two blocks and four warps was within 0.5%
-of the fastest of 25 launches at every width from 2,048 to 24,576 (M = 8,192), 0.6-3.5% faster
-than stop 57's 32 rows of one block, at 3.7-4.1 TB/s: faster than a bf16 copy of the input,
-which moves a third more bytes."""
+ROWS = {"rows": 32, "blocks": 1, "warps": 4}
+"""``rows``' launch: rows a program (at least 32, so that a transposed input, contiguous along
+the rows, is still read in whole cache lines), 1 x 128 blocks of each row, warps. On an H200
+(``kernels_bench.py quant_rows``, stop 59) it runs at 3.7-3.9 TB/s at M = 8,192, faster than a
+bf16 copy of the input (which moves a third more bytes). 16 rows of two blocks was 0.6-3.5%
+faster, but compiled for a 1 x 1 input it wrote wrong values (stop 59's GPU tests), so it stays
+a launch to time, not the default."""
 
 
 def _rows(x, launch, rows=None, blocks=None, warps=None):
