@@ -33,13 +33,13 @@ from prime_plugin_fp8.gemm import gemm
 from prime_plugin_fp8.quant import BLOCK, quantize_blocks, quantize_rows, quantize_rows_and_columns
 
 
-def _weights(weights: list[torch.Tensor], transposed: bool) -> torch.Tensor:
-    """``cat(weights)`` (``transposed``: its transpose, a view), whose 128×128 blocks are the
-    GEMM's operand. No block spans two weights, so these are each weight's own blocks; one
-    quantising launch over the concatenation costs less host time than one per weight and the
-    concatenations of their outputs (the FP8 linear is host-bound, stop 40)."""
+def _weight_blocks(weights: list[torch.Tensor], transposed: bool):
+    """The 128×128-block operand of ``cat(weights)`` (``transposed``: of its transpose). No block
+    spans two weights, so these are each weight's own blocks; one quantising launch over the
+    concatenation costs less host time than one per weight and the concatenations of their
+    outputs (the FP8 linear is host-bound, stop 40)."""
     w = weights[0] if len(weights) == 1 else torch.cat(weights)
-    return w.t() if transposed else w
+    return quantize_blocks(w.t() if transposed else w)
 
 
 # The GEMM as a custom operator: to torch.compile it is one opaque node, so a compiled block
@@ -82,7 +82,7 @@ class _FP8Linears(torch.autograd.Function):
             rows, (xt, xt_scale) = quantize_rows_and_columns(x2)
         else:
             rows = quantize_rows(x2)
-        y = _gemm(rows, quantize_blocks(_weights(weights, False)), 128, x.dtype, backend)
+        y = _gemm(rows, _weight_blocks(weights, False), 128, x.dtype, backend)
         sizes = [w.shape[0] for w in weights]
         outs = y.split(sizes, dim=1) if count > 1 else (y,)
         outs = tuple((o if b is None else o + b.to(o.dtype)).reshape(*lead, o.shape[1])
@@ -112,7 +112,7 @@ class _FP8Linears(torch.autograd.Function):
             rows = quantize_rows(g) if needs_x else None
             columns = quantize_rows(g.t()) if fp8_w else None
         if needs_x:
-            grad_x = _gemm(rows, quantize_blocks(_weights(weights, True)), 128, ctx.x_dtype, ctx.backend)
+            grad_x = _gemm(rows, _weight_blocks(weights, True), 128, ctx.x_dtype, ctx.backend)
         if fp8_w:
             grad_w = _gemm(columns, (xt, xt_scale), 1, ctx.w_dtype, ctx.backend)
         elif needs_w:

@@ -91,8 +91,8 @@ def blocks(w, stride_n, stride_k, q, scale, n, k, columns, BLOCK: tl.constexpr, 
 
 @triton.jit
 def rows_and_columns(x, stride_m, stride_k, q, scale, stride_sm, stride_sk, qt, scale_t, stride_tk, stride_tm, m, k,
-                     kp, mp, BLOCK: tl.constexpr,
-                     SOFT_ROUND: tl.constexpr, TILES: tl.constexpr, STAGES: tl.constexpr):
+                     kp, mp, BLOCK: tl.constexpr, SOFT_ROUND: tl.constexpr, TILES: tl.constexpr,
+                     STAGES: tl.constexpr):
     """``TILES`` 128 x 128 tiles along one 128-row strip, each read once: ``rows``' output for
     ``x`` and for ``x.T`` (whose 1 x 128 blocks are this tile's columns), the latter stored
     transposed. ``STAGES`` > 1 loads the next tile while this one is stored."""

@@ -99,10 +99,9 @@ def _rows(x, launch, rows=None, blocks=None, warps=None):
     return q, scale
 
 
-def _blocks_of(w, transposed_store=None):
-    """What ``blocks`` reads for ``quantize_blocks(w)`` and where it writes: ``(source,
-    transpose, q, scale)``. ``w``, or, where ``w`` is the transpose of a row-major tensor (and
-    ``transposed_store`` is not ``False``), that tensor, its blocks stored transposed."""
+def _blocks(w, launch, warps=4, transposed_store=None):
+    """``blocks`` over ``w``; or, where ``w`` is the transpose of a row-major tensor (and
+    ``transposed_store`` is not ``False``), over that tensor, its blocks stored transposed."""
     from prime_plugin_fp8.quant import FP8, padded
 
     if transposed_store is None:
@@ -110,18 +109,12 @@ def _blocks_of(w, transposed_store=None):
     rows, columns = w.shape
     q = torch.empty(rows, padded(columns), dtype=FP8, device=w.device)
     scale = torch.empty(padded(rows) // BLOCK, padded(columns) // BLOCK, dtype=torch.float32, device=w.device)
-    return (w.t() if transposed_store else w), transposed_store, q, scale
-
-
-def _blocks(w, launch, warps=4, transposed_store=None):
-    from prime_plugin_fp8.quant import padded
-
-    source, transpose, q, scale = _blocks_of(w, transposed_store)
+    source = w.t() if transposed_store else w
     n, k = source.shape
     if w.numel():
         launch(_kernels().blocks)[(padded(n) // BLOCK, padded(k) // BLOCK)](
             source, source.stride(0), source.stride(1), q, scale, n, k, q.shape[1], BLOCK=BLOCK,
-            SOFT_ROUND=_interpreted(), TRANSPOSE=transpose, num_warps=warps)
+            SOFT_ROUND=_interpreted(), TRANSPOSE=transposed_store, num_warps=warps)
     return q, scale
 
 
@@ -148,8 +141,7 @@ def _rows_and_columns(x, launch, tiles=None, stages=None, warps=None):
     if m and k:
         launch(_kernels().rows_and_columns)[(mp // BLOCK, -(-kp // (BLOCK * tiles)))](
             x, x.stride(0), x.stride(1), q, scale, *scale.stride(), qt, scale_t, *scale_t.stride(), m, k, kp, mp,
-            BLOCK=BLOCK, SOFT_ROUND=_interpreted(),
-            TILES=tiles, STAGES=stages, num_warps=warps)
+            BLOCK=BLOCK, SOFT_ROUND=_interpreted(), TILES=tiles, STAGES=stages, num_warps=warps)
     return q, scale, qt, scale_t
 
 

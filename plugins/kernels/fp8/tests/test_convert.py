@@ -143,14 +143,14 @@ def test_q_k_v_and_gate_up_run_as_groups_with_the_separate_linears_results(arch,
              "intermediate_size": 256, "shared_expert_intermediate_size": 256}
     ids = torch.randint(0, 256, (1, 96), generator=torch.Generator().manual_seed(2))
     calls = []
-    weights = linear._weights
+    weight_blocks = linear._weight_blocks
 
     def counted(ws, transposed):  # the forward GEMM's operand (transposed: the input gradient's)
         if not transposed:
             calls.append(len(ws))
-        return weights(ws, transposed)
+        return weight_blocks(ws, transposed)
 
-    monkeypatch.setattr(linear, "_weights", counted)
+    monkeypatch.setattr(linear, "_weight_blocks", counted)
 
     def run(grouped: bool):
         model = _model(arch, **shape)
