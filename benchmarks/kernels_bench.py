@@ -238,15 +238,13 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
         # The linear as it was before the fused Triton quantisers: the PyTorch ones, same bits.
         from prime_plugin_fp8 import linear, quant
 
-        names = ("quantize_rows", "quantize_blocks", "quantize_rows_and_columns")
-        fused = [getattr(linear, name) for name in names]
+        fused = linear.quantize_rows, linear.quantize_blocks, linear.quantize_rows_and_columns
         linear.quantize_rows, linear.quantize_blocks = quant.quantize_rows_torch, quant.quantize_blocks_torch
         linear.quantize_rows_and_columns = lambda t: (quant.quantize_rows_torch(t), quant.quantize_rows_torch(t.t()))
         try:
             fp8_linear(x, w, backend=backend).backward(dy)
         finally:
-            for name, fn in zip(names, fused, strict=True):
-                setattr(linear, name, fn)
+            linear.quantize_rows, linear.quantize_blocks, linear.quantize_rows_and_columns = fused
 
     # Where the model has several linears of one input here (q, k, v; gate, up): each alone, as
     # the trainer ran them before FP8 groups (and as bf16 still does).
@@ -337,9 +335,7 @@ def bench_quant(args, device) -> list[dict]:
             for case, fn in cases.items():
                 try:
                     got = fn()
-                    same = all(torch.equal(a.view(torch.uint8) if a.dtype == quant.FP8 else a,
-                                           b.view(torch.uint8) if b.dtype == quant.FP8 else b)
-                               for a, b in zip(got, want, strict=True))
+                    same = same_bits(got, want)
                     seconds = gpu_seconds(fn, max(args.reps, 20))
                 except Exception as exc:  # a launch Triton cannot compile (shared memory): say so, go on
                     print(f"quant {m}x{k} {case}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
@@ -351,6 +347,16 @@ def bench_quant(args, device) -> list[dict]:
     return rows
 
 
+def same_bits(got, want) -> bool:
+    """Whether two quantisers' outputs (FP8 values and float32 scales) are the same bits."""
+    import torch
+
+    from prime_plugin_fp8 import quant
+
+    bits = lambda t: t.view(torch.uint8) if t.dtype == quant.FP8 else t  # noqa: E731
+    return all(torch.equal(bits(a), bits(b)) for a, b in zip(got, want, strict=True))
+
+
 def bench_quant_rows(args, device) -> list[dict]:
     """``quantize_rows`` (an activation's or a gradient's 1 x 128 blocks, what a linear with the
     weight gradient in bf16 quantises) at every launch of ``--launch ROWS:BLOCKS:WARPS`` (default
@@ -359,17 +365,13 @@ def bench_quant_rows(args, device) -> list[dict]:
     Beside them a bf16 copy of the same tensor: the rate the memory allows."""
     import torch
 
-    from prime_plugin_fp8 import quant, triton_quant
+    from prime_plugin_fp8 import triton_quant
 
     launches = [tuple(map(int, spec.split(":"))) for spec in args.launch] or [
         (rows, blocks, warps) for rows in (16, 32, 64) for blocks in (1, 2, 4) for warps in (2, 4, 8)
         if rows * blocks <= 128]
     shapes = {shape for model in FP8_SHAPES.values() for shape in model.values()}
     widths = sorted({k for k, n in shapes} | {n for k, n in shapes})
-
-    def same(got, want):
-        bits = lambda t: t.view(torch.uint8) if t.dtype == quant.FP8 else t  # noqa: E731
-        return all(torch.equal(bits(a), bits(b)) for a, b in zip(got, want, strict=True))
 
     def record(**fields):
         rows.append(fields)
@@ -389,7 +391,7 @@ def bench_quant_rows(args, device) -> list[dict]:
                 def fn(x=x, r=r, b=b, w=w):
                     return triton_quant._rows(x, triton_quant._direct, rows=r, blocks=b, warps=w)
                 try:
-                    ok = same(fn(), want)
+                    ok = same_bits(fn(), want)
                     seconds = gpu_seconds(fn, max(args.reps, 20))
                 except Exception as exc:  # a launch Triton cannot compile: say so, go on
                     print(f"quant_rows {m}x{k} {r}:{b}:{w}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
@@ -405,7 +407,7 @@ def bench_quant_rows(args, device) -> list[dict]:
             for warps in (4, 8):
                 def fn(t=t, warps=warps, store=store):
                     return triton_quant._blocks(t, triton_quant._direct, warps=warps, transposed_store=store)
-                ok = same(fn(), want)
+                ok = same_bits(fn(), want)
                 seconds = gpu_seconds(fn, max(args.reps, 20))
                 record(bench="quant_blocks", case=f"{name} {warps} warps", m=w.shape[0], k=w.shape[1],
                        gpu_us=seconds * 1e6, gbps=moved / seconds / 1e9, same_bits=ok)
