@@ -274,6 +274,9 @@ def fp8_at(args, device, backend: str, model: str, layer: str, m: int, k: int, n
             # The weight gradient in bf16 (`fp8_wgrad=False`): no 1x128-by-1x128 GEMM, rows-only quantisers.
             cases["fp8_bf16_wgrad_graphed"] = (graphed(
                 lambda: fp8_linear(x, w, backend=backend, fp8_wgrad=False).backward(dy), (x, w)), 6)
+            # The same on one stream: dx's chain after dW's GEMM, not beside it.
+            cases["fp8_bf16_wgrad_serial_graphed"] = (graphed(
+                serial(lambda: fp8_linear(x, w, backend=backend, fp8_wgrad=False).backward(dy)), (x, w)), 6)
         except RuntimeError as exc:
             print(f"no CUDA graph of {model} {layer} ({backend}): {exc}", flush=True)
     if parts:
@@ -412,6 +415,19 @@ def bench_quant_rows(args, device) -> list[dict]:
                 record(bench="quant_blocks", case=f"{name} {warps} warps", m=w.shape[0], k=w.shape[1],
                        gpu_us=seconds * 1e6, gbps=moved / seconds / 1e9, same_bits=ok)
     return rows
+
+
+def serial(fn):
+    """``fn`` with the FP8 linear's input and weight gradients on one stream (``OVERLAP`` off)."""
+    from prime_plugin_fp8 import linear
+
+    def run():
+        linear.OVERLAP = False
+        try:
+            return fn()
+        finally:
+            linear.OVERLAP = True
+    return run
 
 
 def compiled_backward(forward, dy):
@@ -808,23 +824,26 @@ def fp8_tables(console, fp8: list[dict]) -> None:
         console.print(groups)
     compiled = Table(title="Compiled (torch.compile, Inductor launching the quantisers), fwd+bwd TFLOP/s; the "
                            "group is the layer's linears as one FP8 group, against one bf16 linear; graphed: "
-                           "replayed from a CUDA graph, the GPU's time alone (bf16 wgrad: fp8_wgrad=False)")
+                           "replayed from a CUDA graph, the GPU's time alone (bf16 wgrad: fp8_wgrad=False, dx "
+                           "beside dW on a second stream; one stream: the same, dx after dW)")
     for column in ("backend", "model", "layer", "M×K×N", "bf16", "fp8", "ratio", "fp8 group", "ratio",
-                   "bf16 graphed", "fp8 graphed", "ratio", "bf16 wgrad", "ratio"):
+                   "bf16 graphed", "fp8 graphed", "ratio", "bf16 wgrad", "ratio", "one stream", "ratio"):
         compiled.add_column(column, justify="right")
     for (backend, model, layer, m, case), r in keyed.items():
         if case != "bf16_compiled":
             continue
         get = {c: keyed.get((backend, model, layer, m, c), {}).get("tflops", float("nan"))
                for c in ("bf16_compiled", "fp8_compiled", "fp8_group_compiled", "bf16_graphed", "fp8_graphed",
-                         "fp8_bf16_wgrad_graphed")}
+                         "fp8_bf16_wgrad_graphed", "fp8_bf16_wgrad_serial_graphed")}
         compiled.add_row(backend, model, layer, f"{m}×{r['k']}×{r['n']}", f"{get['bf16_compiled']:.0f}",
                          f"{get['fp8_compiled']:.0f}",
                          ratio(get["fp8_compiled"], get["bf16_compiled"]), f"{get['fp8_group_compiled']:.0f}",
                          ratio(get["fp8_group_compiled"], get["bf16_compiled"]), f"{get['bf16_graphed']:.0f}",
                          f"{get['fp8_graphed']:.0f}", ratio(get["fp8_graphed"], get["bf16_graphed"]),
                          f"{get['fp8_bf16_wgrad_graphed']:.0f}",
-                         ratio(get["fp8_bf16_wgrad_graphed"], get["bf16_graphed"]))
+                         ratio(get["fp8_bf16_wgrad_graphed"], get["bf16_graphed"]),
+                         f"{get['fp8_bf16_wgrad_serial_graphed']:.0f}",
+                         ratio(get["fp8_bf16_wgrad_serial_graphed"], get["bf16_graphed"]))
     if compiled.rows:
         console.print(compiled)
 

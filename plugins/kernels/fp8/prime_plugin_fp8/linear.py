@@ -6,7 +6,8 @@
   keeping it would hold an FP8 copy of every weight from the forward to the backward).
 - weight gradient ``dW = dy.T @ x`` (``fp8_wgrad=True``, as DeepSeek-V3 and Transformer
   Engine do): ``dy.T`` and ``x.T`` each 1×128 along the token dimension, float32 result.
-  ``fp8_wgrad=False`` computes it in the inputs' precision instead (a plain matmul).
+  ``fp8_wgrad=False`` computes it in the inputs' precision instead (a plain matmul); on CUDA
+  the input gradient's chain then runs on a second stream beside it (``OVERLAP``).
 
 Saved for the backward, only what a gradient needs: for the weight's, ``x.T`` already
 quantised along the tokens (its FP8 operand, which the forward's one pass over ``x``
@@ -25,6 +26,8 @@ row count to be a multiple of 128, so that no 128 × 128 block spans two weights
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -63,6 +66,51 @@ def _gemm(a, b, b_block: int, out_dtype: torch.dtype, backend: str) -> torch.Ten
     if torch.compiler.is_compiling():
         return _gemm_op(*a, *b, b_block, out_dtype, backend)
     return gemm(a, b, b_block=b_block, out_dtype=out_dtype, backend=backend)
+
+
+OVERLAP = True
+"""With the weight gradient in high precision (``fp8_wgrad=False``) on CUDA: compute the input
+gradient's chain on a second stream beside the weight gradient's GEMM. ``False``: one stream,
+one kernel after another (the same kernels, so the same bits); for timing the two."""
+
+
+def _high_precision_weight_grad(g, x2, w_dtype):
+    return (g.t().to(x2.dtype) @ x2).to(w_dtype)
+
+
+@functools.cache
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device)
+
+
+def _input_grad_beside_weight_grad(g, x2, weights, backend: str, x_dtype, w_dtype):
+    """``(dx, dW)``: ``dW``'s high-precision GEMM on the current stream, and beside it, on a
+    second one, ``dx``'s chain (``g``'s row quantisation, ``W.T``'s blocks, the FP8 GEMM).
+    Why: the quantisers are bound by memory and the GEMM by its tensor cores; the weight
+    gradient's GEMM is launched first, and the quantisers run on the multiprocessors it leaves
+    free (a 2,048 × 2,048 ``dW`` is 128 tiles on the H200's 132) and in its tail."""
+    main = torch.cuda.current_stream(g.device)
+    side = _side_stream(g.device)
+    side.wait_stream(main)  # before dW's launch: the side waits for g and the weights only
+    grad_w = _high_precision_weight_grad(g, x2, w_dtype)
+    with torch.cuda.stream(side):
+        grad_x = gemm(quantize_rows(g), _weight_blocks(weights, True), b_block=128, out_dtype=x_dtype,
+                      backend=backend)
+    main.wait_stream(side)
+    grad_x.record_stream(main)  # made on the side stream, used and freed on the main one
+    return grad_x, grad_w
+
+
+# Opaque to torch.compile, as the GEMM is: streams are not something a traced graph holds.
+@torch.library.custom_op("prime_fp8::input_grad_beside_weight_grad", mutates_args=())
+def _grads_op(g: torch.Tensor, x2: torch.Tensor, weights: list[torch.Tensor], backend: str,
+              x_dtype: torch.dtype, w_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    return _input_grad_beside_weight_grad(g, x2, weights, backend, x_dtype, w_dtype)
+
+
+@_grads_op.register_fake
+def _(g, x2, weights, backend, x_dtype, w_dtype):
+    return g.new_empty(x2.shape, dtype=x_dtype), g.new_empty((g.shape[1], x2.shape[1]), dtype=w_dtype)
 
 
 class _FP8Linears(torch.autograd.Function):
@@ -104,19 +152,23 @@ class _FP8Linears(torch.autograd.Function):
         needs_x, needs_w = needs[0], any(needs[3 : 3 + count])
         grad_x = grad_w = None
         fp8_w = needs_w and ctx.fp8_wgrad
-        # One quantising pass over g gives both GEMMs' operands (its rows for dx, its columns,
-        # g.T's rows, for dW).
-        if needs_x and fp8_w:
-            rows, columns = quantize_rows_and_columns(g)
+        if needs_x and needs_w and not fp8_w and g.is_cuda and OVERLAP:
+            grads = _grads_op if torch.compiler.is_compiling() else _input_grad_beside_weight_grad
+            grad_x, grad_w = grads(g, x2, weights, ctx.backend, ctx.x_dtype, ctx.w_dtype)
         else:
-            rows = quantize_rows(g) if needs_x else None
-            columns = quantize_rows(g.t()) if fp8_w else None
-        if needs_x:
-            grad_x = _gemm(rows, _weight_blocks(weights, True), 128, ctx.x_dtype, ctx.backend)
-        if fp8_w:
-            grad_w = _gemm(columns, (xt, xt_scale), 1, ctx.w_dtype, ctx.backend)
-        elif needs_w:
-            grad_w = (g.t().to(x2.dtype) @ x2).to(ctx.w_dtype)
+            # One quantising pass over g gives both GEMMs' operands (its rows for dx, its
+            # columns, g.T's rows, for dW).
+            if needs_x and fp8_w:
+                rows, columns = quantize_rows_and_columns(g)
+            else:
+                rows = quantize_rows(g) if needs_x else None
+                columns = quantize_rows(g.t()) if fp8_w else None
+            if needs_x:
+                grad_x = _gemm(rows, _weight_blocks(weights, True), 128, ctx.x_dtype, ctx.backend)
+            if fp8_w:
+                grad_w = _gemm(columns, (xt, xt_scale), 1, ctx.w_dtype, ctx.backend)
+            elif needs_w:
+                grad_w = _high_precision_weight_grad(g, x2, ctx.w_dtype)
         if grad_x is not None:
             grad_x = grad_x.reshape(ctx.x_shape)
         grad_ws = [None] * count if grad_w is None else list(grad_w.split(ctx.sizes, dim=0))

@@ -158,3 +158,36 @@ def test_compiled_group_launches_the_quantisers_from_inductor_with_eager_s_bits(
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b), (a - b).abs().max()
     assert "rows_and_columns" in forward_code and "prime_fp8.gemm" in forward_code, forward_code
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_input_grad_beside_weight_grad_has_one_stream_s_bits(compiled, monkeypatch):
+    """``fp8_wgrad=False``: the input gradient's chain on a second stream beside the weight
+    gradient's GEMM (``OVERLAP``) gives the one-stream gradients bit for bit, eagerly and under
+    ``torch.compile`` (where the pair is one custom operator)."""
+    from torch._inductor.utils import run_and_get_code
+
+    from prime_plugin_fp8 import linear
+
+    backend = gemm.resolve("auto", torch.device("cuda", torch.cuda.current_device()))
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(2, 1000, 2048, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(1536, 2048, device="cuda", generator=g) / 45).bfloat16()
+    dy = torch.randn(2, 1000, 1536, device="cuda", generator=g).bfloat16()
+
+    def forward(a, b):
+        return fp8_linear(a, b, backend=backend, fp8_wgrad=False)
+
+    def run(overlap):
+        monkeypatch.setattr(linear, "OVERLAP", overlap)
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        fn = torch.compile(forward, fullgraph=True, dynamic=False) if compiled else forward
+        fn(xs, ws).backward(dy)
+        return xs.grad, ws.grad
+
+    want = run(False)
+    got, codes = run_and_get_code(run, True)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b), (a.float() - b.float()).abs().max()
+    if compiled:
+        assert any("input_grad_beside_weight_grad" in code for code in codes), codes
