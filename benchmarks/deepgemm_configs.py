@@ -1,7 +1,9 @@
 """DeepGEMM's own launch settings against its default choice, for the FP8 linear's GEMMs
 (``gemm(..., backend="deep_gemm")``, 1×128 by 128×128 scales, bf16 out): the SM count it plans
 for (``set_num_sms``), the block sizes it may pick (``set_block_size_multiple_of``) and
-programmatic dependent launch (``set_pdl``). Each GEMM replayed from a CUDA graph, GPU time.
+programmatic dependent launch (``set_pdl``). Each GEMM replayed from a CUDA graph, GPU time
+(``kernels_bench``'s ``graphed`` and ``gpu_seconds``; stop 60's rows were timed over graphs of 20
+calls, the same GPU time).
 
     DG_PRINT_CONFIGS=1 python3 benchmarks/deepgemm_configs.py [--shapes 8192x2048x2048 ...]
 
@@ -15,30 +17,6 @@ import argparse
 import json
 
 
-def gpu_us(fn, calls: int = 20, replays: int = 10) -> float:
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (calls * replays)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", default=["8192x2048x2048"], help="MxKxN")
@@ -48,6 +26,7 @@ def main() -> int:
 
     import deep_gemm
     import torch
+    from kernels_bench import gpu_seconds, graphed
 
     from prime_plugin_fp8.gemm import gemm
     from prime_plugin_fp8.quant import quantize_blocks, quantize_rows
@@ -68,7 +47,9 @@ def main() -> int:
             deep_gemm.set_pdl(setting.get("pdl", pdl))
             try:
                 got = gemm(a, b, b_block=128, out_dtype=torch.bfloat16, backend="deep_gemm")
-                us = gpu_us(lambda a=a, b=b: gemm(a, b, b_block=128, out_dtype=torch.bfloat16, backend="deep_gemm"))
+                replay = graphed(lambda a=a, b=b: gemm(a, b, b_block=128, out_dtype=torch.bfloat16,
+                                                       backend="deep_gemm"), ())
+                us = gpu_seconds(replay, 200) * 1e6
             except Exception as exc:  # a setting DeepGEMM refuses for this shape
                 print(json.dumps({"shape": shape, "setting": name, "error": str(exc)[:200]}), flush=True)
                 continue
