@@ -422,11 +422,11 @@ def serial(fn):
     from prime_plugin_fp8 import linear
 
     def run():
-        linear.OVERLAP = False
+        before, linear.OVERLAP = linear.OVERLAP, False
         try:
             return fn()
         finally:
-            linear.OVERLAP = True
+            linear.OVERLAP = before
     return run
 
 

@@ -178,6 +178,14 @@ def test_input_grad_beside_weight_grad_has_one_stream_s_bits(compiled, monkeypat
     def forward(a, b):
         return fp8_linear(a, b, backend=backend, fp8_wgrad=False)
 
+    beside, calls = linear._input_grad_beside_weight_grad, []
+
+    def counted(*args):
+        calls.append(args)
+        return beside(*args)
+
+    monkeypatch.setattr(linear, "_input_grad_beside_weight_grad", counted)
+
     def run(overlap):
         monkeypatch.setattr(linear, "OVERLAP", overlap)
         xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -186,7 +194,9 @@ def test_input_grad_beside_weight_grad_has_one_stream_s_bits(compiled, monkeypat
         return xs.grad, ws.grad
 
     want = run(False)
+    assert not calls, len(calls)  # one stream: the two gradients one after the other
     got, codes = run_and_get_code(run, True)
+    assert len(calls) == 1, len(calls)  # two streams, eagerly or from inside the compiled operator
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b), (a.float() - b.float()).abs().max()
     if compiled:
