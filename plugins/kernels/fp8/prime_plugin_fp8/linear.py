@@ -85,18 +85,24 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
 
 def _input_grad_beside_weight_grad(g, x2, weights, backend: str, x_dtype, w_dtype):
     """``(dx, dW)``: ``dW``'s high-precision GEMM on the current stream, and beside it, on a
-    second one, ``dx``'s chain (``g``'s row quantisation, ``W.T``'s blocks, the FP8 GEMM).
+    second one, ``dx``'s chain (``W.T``'s blocks, ``g``'s row quantisation, the FP8 GEMM).
     Why: the quantisers are bound by memory and the GEMMs by their tensor cores, and nothing
     orders the two halves. ``dW``'s GEMM is launched first; ``dx``'s kernels take whatever
     multiprocessors it leaves, at its start and in its tail. On an H200 that is 1.1-7.5% of the
-    linear's time at M = 8,192 (stop 60, FP8 README), most where ``dW``'s GEMM is long."""
+    linear's time at M = 8,192 (stop 60, FP8 README), most where ``dW``'s GEMM is long.
+
+    The order on the side stream: at the 1.7B ``o`` shape cuBLAS runs ``dW`` as 128 blocks on
+    the 132 multiprocessors, and the side stream's kernels trickle through the 4 left (kernel
+    timelines, stop 61). The small launch, ``W.T``'s blocks, goes there first, and ``g``'s rows,
+    which need the whole GPU, mostly run after: 1.2-2.0% faster at ``o`` than rows first, -2.0
+    to +2.0% on the other block shapes (``benchmarks/fp8_streams_bench.py``)."""
     main = torch.cuda.current_stream(g.device)
     side = _side_stream(g.device)
     side.wait_stream(main)  # before dW's launch: the side waits for g and the weights only
     grad_w = _high_precision_weight_grad(g, x2, w_dtype)
     with torch.cuda.stream(side):
-        grad_x = gemm(quantize_rows(g), _weight_blocks(weights, True), b_block=128, out_dtype=x_dtype,
-                      backend=backend)
+        blocks = _weight_blocks(weights, True)  # first: see the docstring
+        grad_x = gemm(quantize_rows(g), blocks, b_block=128, out_dtype=x_dtype, backend=backend)
     main.wait_stream(side)
     grad_x.record_stream(main)  # made on the side stream, used and freed on the main one
     return grad_x, grad_w
