@@ -68,9 +68,13 @@ def test_the_cpu_example_s_warm_up_reaches_its_reward(tmp_path):
     """``examples/cpu/sft.toml`` as ``examples/cpu/run.sh`` runs it (its model, data and 300
     steps): the expected reward on the 100 sums after SFT, which RL starts from. It is 0.73 here;
     a schedule change once left this recipe stalled at 0.07-0.11 with every other test passing."""
+    from prime_plugin_hf.tiny import build_tiny
+
     root = Path(__file__).resolve().parents[1]
-    for args in (("model", "tiny", str(tmp_path / "base"), "--hidden-size", "128", "--num-layers", "2"),
-                 ("envs", "sft-data", "arithmetic", str(tmp_path / "sft.jsonl"), "--n", "8000", "--args",
+    # `prime model tiny BASE --hidden-size 128 --num-layers 2` is this call (the command's other
+    # options at their defaults, the same seed): here, not in a process that imports torch again.
+    build_tiny(tmp_path / "base", hidden_size=128, num_layers=2)
+    for args in (("envs", "sft-data", "arithmetic", str(tmp_path / "sft.jsonl"), "--n", "8000", "--args",
                   '{"digits": 1}'),
                  ("sft", str(root / "examples" / "cpu" / "sft.toml"), "--output-dir", str(tmp_path / "sft"),
                   "--model.name", str(tmp_path / "base"), "--data.path", str(tmp_path / "sft.jsonl"))):

@@ -34,9 +34,14 @@ def test_backends_side_by_side_print_tokens_per_second(tmp_path):
 
 
 def test_the_rl_loop_is_measured_async_and_sync(tmp_path):
-    out = bench("transformers_rl_bench.py", "--tiny", "--out", str(tmp_path))
+    # 4 steps, not --tiny's 5 (`prime run`'s own --max-steps, after the bench's "--"): the start-up
+    # step --tiny leaves out and three measured ones. Not fewer: async_level = 1 samples step 4
+    # on policy 2 or newer, so the server loads a steady-state version in both runs, whatever
+    # the timing (the weight figures below); with 3 steps that load is a race.
+    out = bench("transformers_rl_bench.py", "--tiny", "--out", str(tmp_path), "--", "--max-steps", "4")
     results = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [r["run"] for r in results] == ["tiny-async1", "tiny-async0"]
+    assert [(r["steps"], r["measured_steps"]) for r in results] == [(4, 3), (4, 3)]
     for r in results:
         for key in ("step_time", "train_time", "inference_time", "samples_per_s", "tokens_per_s", "weight_load_s",
                     "publish_to_served_s", "overlap_ratio"):

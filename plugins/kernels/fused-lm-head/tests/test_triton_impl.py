@@ -22,7 +22,9 @@ test_in_the_triton_interpreter = interpreter_rerun(__file__)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(("n", "vocab", "width", "token_chunk", "vocab_chunk"), [
     (1, 11, 8, 1, None),
-    (7, 300, 32, 3, 7),
+    # Five vocabulary slices, the last one short (few: each is one more launch of both kernels
+    # per token chunk, about 13 ms in the interpreter; 43 slices of 7 took 7 s a dtype of 36).
+    (7, 300, 32, 3, 64),
     (16, 4500, 16, 6, None),   # more than one BLOCK of columns per row
     (9, 4300, 8, "auto", 2100),  # vocabulary slices that straddle blocks
     (33, 4500, 16, "auto", None),  # the logits kept for the backward and worked in place
@@ -38,8 +40,10 @@ def test_backward_tiles_in_either_order(monkeypatch):
     from prime_plugin_fused_lm_head import chunking
 
     monkeypatch.setattr(chunking, "VOCAB_SLICE", 700)
-    # The vocabulary outside (slices straddling the kernels' blocks), then the tokens outside.
-    for n, vocab, token_chunk, vocab_chunk in ((30, 2500, 4, None), (30, 2500, 4, 2100), (300, 250, 90, 100)):
+    # The vocabulary outside (slices straddling the kernels' blocks), then the tokens outside
+    # (more tokens than vocabulary: three token tiles by three vocabulary slices, each last one
+    # short; small, since the interpreter's time grows with tokens × slices).
+    for n, vocab, token_chunk, vocab_chunk in ((30, 2500, 4, None), (30, 2500, 4, 2100), (60, 50, 25, 20)):
         check_against_reference(triton_impl.fused_logprobs, n, vocab, 8, torch.bfloat16, True, token_chunk,
                                 vocab_chunk, seed=n, device=DEVICE)
 
