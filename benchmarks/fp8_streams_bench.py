@@ -128,7 +128,7 @@ def main() -> int:
                 timeline(replays[case], args.out, f"{spec.replace(':', '_')}_{case}")
     print(f"{'shape':12s}" + "".join(f"{case:>24s}" for case in table[0][1]) + "   (median GPU us, x bf16)")
     for spec, median in table:
-        print(f"{spec:12s}" + "".join(f"{us:15.1f} {median['bf16'] / us:6.3f}x" for us in median.values()))
+        print(f"{spec:12s}" + "".join(f"{us:16.1f} {median['bf16'] / us:6.3f}x" for us in median.values()))
     return 0
 
 
