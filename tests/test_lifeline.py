@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
@@ -51,23 +50,6 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def descendants(pid: int) -> set[int]:
-    """Every process below ``pid`` now (children, grandchildren, ...)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat[stat.rfind(")") + 2:].split()[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
 def running(pids: set[int]) -> set[int]:
     return {pid for pid in pids if lifeline.start_time(pid) is not None}
 
@@ -100,13 +82,13 @@ def test_every_role_and_rank_dies_with_the_launcher(tmp_path, sig):
     try:
         wait_for("the server's port bound and both ranks up", lambda: port_bound(port) and (
             tmp_path / "ranks.log").is_file() and (tmp_path / "ranks.log").read_text().count(" up") == 2, 120)
-        roles = descendants(launcher.pid)
+        roles = lifeline.descendants(launcher.pid)
         assert len(roles) >= 4, roles  # the server, torchrun and its two ranks
         launcher.send_signal(sig)
         took = wait_for("no role process left", lambda: not running(roles), 15)
         wait_for("the port free", lambda: not port_bound(port), 5)
     finally:  # nothing of this test outlives it, whatever failed
-        for pid in running(roles | descendants(launcher.pid)):
+        for pid in running(roles | lifeline.descendants(launcher.pid)):
             os.kill(pid, signal.SIGKILL)
         launcher.kill()
         launcher.wait()

@@ -11,6 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from prime_core.launch.lifeline import descendants
 from prime_core.launch.plan import python_command
 
 WORKER = textwrap.dedent("""
@@ -23,22 +24,6 @@ WORKER = textwrap.dedent("""
     time.sleep(float(sys.argv[1]))
     dist.destroy_process_group()
 """)
-
-
-def tree(pid: int) -> set[int]:
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat[stat.rfind(")") + 2:].split()[1])
-    found, frontier = {pid}, {pid}
-    while frontier:
-        frontier = {c for c, p in parents.items() if p in frontier} - found
-        found |= frontier
-    return found
 
 
 def listening(pids: set[int]) -> set[tuple[str, int]]:
@@ -93,7 +78,7 @@ def test_one_node_torchrun_listens_on_loopback_only(tmp_path):
             seen.append(line)
             assert line and time.monotonic() < deadline, "the ranks did not come up:\n" + "".join(seen[-40:])
             ups += line.startswith("up 2 127.0.0.1")
-        processes = tree(run.pid)
+        processes = {run.pid} | descendants(run.pid)
         sockets = listening(processes)
     finally:  # torchrun's ranks too: a SIGKILL to torchrun alone would leave them running
         run.terminate()

@@ -34,22 +34,6 @@ def listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def descendants(pid: int) -> set[int]:
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat[stat.rfind(")") + 2:].split()[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
 def alive(pids: set[int]) -> set[int]:
     return {pid for pid in pids if lifeline.start_time(pid) is not None}
 
@@ -97,13 +81,13 @@ def test_prime_run_killed_leaves_no_role_and_no_port(model, tmp_path, sig):
     try:
         wait_for("vLLM serving and both trainer ranks up", lambda: listening(port) and (
             out / "logs" / "trainer" / "rank_1.log").exists(), 600, run)
-        roles = descendants(run.pid)
+        roles = lifeline.descendants(run.pid)
         assert len(roles) >= 7, roles  # inference + vLLM's API server and engine, orchestrator, torchrun + 2 ranks
         run.send_signal(sig)
         took = wait_for("every role process gone", lambda: not alive(roles), 30)
         wait_for("the port free", lambda: not listening(port), 5)
     finally:
-        cleanup(roles | descendants(run.pid))
+        cleanup(roles | lifeline.descendants(run.pid))
         run.kill()
         run.wait()
     print(f"{sig.name}: {len(roles)} role processes gone {took:.1f} s after the launcher")
@@ -126,7 +110,7 @@ def test_a_dead_vllm_server_is_named_with_its_own_log(model, tmp_path):
                 and role_log.exists() and "inference ready at" in role_log.read_text()
 
         wait_for("the first orchestrator step", sampled, 600, run)
-        roles = descendants(run.pid)
+        roles = lifeline.descendants(run.pid)
         servers = [pid for pid in roles if f"--port\x00{port}" in Path(f"/proc/{pid}/cmdline").read_text()
                    and "api_server" in Path(f"/proc/{pid}/cmdline").read_text()]
         assert len(servers) == 1, servers
@@ -134,7 +118,7 @@ def test_a_dead_vllm_server_is_named_with_its_own_log(model, tmp_path):
         output, _ = run.communicate(timeout=120)
         wait_for("every role process gone", lambda: not alive(roles), 30)
     finally:
-        cleanup(roles | descendants(run.pid))
+        cleanup(roles | lifeline.descendants(run.pid))
         if run.poll() is None:
             run.kill()
         run.wait()

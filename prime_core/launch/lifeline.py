@@ -29,17 +29,43 @@ GRACE_SECONDS = 12.0
 """After the SIGTERM, how long a role may take to stop (the inference role stops vLLM within 10 s)."""
 
 
-def start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), or
-    ``None`` when it is gone or a zombie."""
+def _stat(pid: int | str) -> list[str]:
+    """``/proc/PID/stat``'s fields after the name, from the state on (``[]`` when the process
+    is gone): ``[state, ppid, pgrp, ...]``."""
     try:
         stat = open(f"/proc/{pid}/stat", encoding="ascii", errors="replace").read()  # noqa: SIM115
     except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2:].split()  # the name may hold spaces and parentheses
+        return []
+    return stat[stat.rfind(")") + 2:].split()  # the name may hold spaces and parentheses
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), or
+    ``None`` when it is gone or a zombie."""
+    fields = _stat(pid)
     if not fields or fields[0] in ("Z", "X"):
         return None
     return fields[19]
+
+
+def processes() -> dict[int, tuple[int, int]]:
+    """Every running process now (zombies left out): ``pid -> (parent pid, process group)``,
+    from ``/proc``; empty where there is none."""
+    table = {}
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if name.isdigit() and len(fields := _stat(name)) > 2 and fields[0] not in ("Z", "X"):
+            table[int(name)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def descendants(pid: int) -> set[int]:
+    """Every running process below ``pid`` now: children, grandchildren, ..."""
+    parents = {child: parent for child, (parent, _) in processes().items()}
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
 
 
 def identity(pid: int | None = None) -> str:

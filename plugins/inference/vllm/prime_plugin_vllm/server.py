@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from prime_core.errors import PrimeError
-from prime_core.launch.lifeline import parent_death_signal
+from prime_core.launch.lifeline import parent_death_signal, processes
 from prime_core.launch.supervise import failure_report
 from prime_plugin_vllm.auth import KEY_ENV
 
@@ -113,20 +113,8 @@ def option_argv(options: dict[str, Any]) -> list[str]:
 
 def _group_alive(pgid: int) -> bool:
     """Whether any process of group ``pgid`` is still running (zombies do not count)."""
-    proc = Path("/proc")
-    if proc.is_dir():
-        for entry in proc.iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            # pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses.
-            fields = stat[stat.rfind(")") + 2:].split()
-            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                return True
-        return False
+    if os.path.isdir("/proc"):
+        return any(group == pgid for _, group in processes().values())
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
