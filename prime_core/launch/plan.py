@@ -18,6 +18,7 @@ import shlex
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -111,6 +112,33 @@ def python_command(processes: int = 1) -> list[str]:
     if processes > 1:
         return [sys.executable, "-m", "torch.distributed.run", *ARGS, "--nproc-per-node", str(processes)]
     return [sys.executable]
+
+
+def cli_flags(options: dict[str, Any], *, repeated: tuple[str, ...] = ()) -> list[str]:
+    """A server's options as command-line flags: ``{"max_num_seqs": 4, "enforce_eager": True}``
+    -> ``["--max-num-seqs", "4", "--enforce-eager"]``.
+
+    ``True`` is a bare flag, ``False`` and ``None`` are left out, a list gives its values after
+    one flag (``nargs='+'``; an empty list gives nothing) or, for the keys in ``repeated``, the
+    flag once per value; a dict is passed as JSON."""
+    argv: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            if key in repeated:
+                for item in value:
+                    argv += [flag, str(item)]
+            elif value:
+                argv += [flag, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)]
+        elif isinstance(value, dict):
+            argv += [flag, json.dumps(value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
 
 
 def role_config_paths(config: BaseModel, output_dir: Path, root: str = "rl") -> dict[str, Path]:

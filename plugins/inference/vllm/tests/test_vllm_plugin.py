@@ -15,9 +15,10 @@ import prime_plugin_vllm.plugin as plugin
 from prime_core import PLUGIN_API_VERSION, hookimpl
 from prime_core.config.checks import schema_for
 from prime_core.errors import PluginError, PrimeError
+from prime_core.launch.plan import cli_flags
 from prime_core.plugins import PluginManager
 from prime_core.specs import InferenceBackend
-from prime_plugin_vllm.server import CPU_KV_CACHE_BYTES, VLLMServer, option_argv
+from prime_plugin_vllm.server import CPU_KV_CACHE_BYTES, REPEATED_OPTIONS, VLLMServer
 
 pytest_plugins = ["prime_core.testing"]
 
@@ -96,10 +97,11 @@ def test_available_when_vllm_is_importable():
     assert plugin.available() is None
 
 
-def test_option_argv():
-    argv = option_argv({"a_b": 1, "flag": True, "off": False, "unset": None, "many": ["x", "y"],
-                        "empty": [], "obj": {"k": 1}})
-    assert argv == ["--a-b", "1", "--flag", "--many", "x", "y", "--obj", '{"k": 1}']
+def test_cli_flags():
+    argv = cli_flags({"a_b": 1, "flag": True, "off": False, "unset": None, "many": ["x", "y"],
+                      "empty": [], "obj": {"k": 1}, "middleware": ["m1", "m2"]}, repeated=REPEATED_OPTIONS)
+    assert argv == ["--a-b", "1", "--flag", "--many", "x", "y", "--obj", '{"k": 1}',
+                    "--middleware", "m1", "--middleware", "m2"]
 
 
 def test_command_on_cpu(tmp_path):

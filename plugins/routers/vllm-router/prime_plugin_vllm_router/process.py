@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+
+from prime_core.launch.plan import cli_flags
 
 MODULE = "vllm_router.launch_router"
 LOG_NAME = "vllm-router.log"
@@ -44,22 +45,6 @@ def router_url(inference) -> str:
     return local_url(inference.router.host, router_port(inference))
 
 
-def flags(options: dict[str, Any]) -> list[str]:
-    """``{"retry_max_retries": 3, "disable_retries": True}`` -> ``--retry-max-retries 3 --disable-retries``."""
-    argv: list[str] = []
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if value is None or value is False:
-            continue
-        if value is True:
-            argv.append(flag)
-        elif isinstance(value, (list, tuple)):
-            argv += [flag, *map(str, value)]
-        else:
-            argv += [flag, str(value)]
-    return argv
-
-
 def command(inference) -> list[str]:
     router = inference.router
     options = {
@@ -77,7 +62,7 @@ def command(inference) -> list[str]:
         "log_level": router.log_level,
     }
     options.update({key.replace("-", "_"): value for key, value in router.args.items()})
-    return [sys.executable, "-m", MODULE, *flags(options)]
+    return [sys.executable, "-m", MODULE, *cli_flags(options)]
 
 
 def service(config, root: str, configs: dict[str, Path]):
