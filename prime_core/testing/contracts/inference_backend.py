@@ -205,7 +205,8 @@ class InferenceBackendContract(Contract):
     """The key the served server requires, if a ``served`` override starts it with one."""
 
     @pytest.fixture(scope="class")
-    def model_dir(self, tmp_path_factory) -> Path:
+    @classmethod
+    def model_dir(cls, tmp_path_factory) -> Path:
         from prime_core.testing.chat import chat_tokenizer
 
         folder = tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny")
@@ -213,23 +214,24 @@ class InferenceBackendContract(Contract):
         return folder
 
     @pytest.fixture(scope="class")
-    def served(self, model_dir, tmp_path_factory):
+    @classmethod
+    def served(cls, model_dir, tmp_path_factory):
         """``(base_url, model folder)`` of a running server of the backend, started the way the
         ``inference`` role starts it; stopped (twice: ``stop`` is idempotent) at the end."""
         from prime_core.cli.common import load_config
         from prime_core.plugins import PluginManager, set_plugin_manager
         from prime_core.testing.contracts import manager_for
 
-        manager = manager_for(self.plugin) if self.plugin is not None else PluginManager(autoload=True).load()
+        manager = manager_for(cls.plugin) if cls.plugin is not None else PluginManager(autoload=True).load()
         set_plugin_manager(manager)
-        spec = manager.registry(self.registry)[self.name].spec
-        config = load_config("inference", ["--model.name", str(model_dir), "--backend", self.name,
+        spec = manager.registry(cls.registry)[cls.name].spec
+        config = load_config("inference", ["--model.name", str(model_dir), "--backend", cls.name,
                                            "--output-dir", str(tmp_path_factory.mktemp("run")),
-                                           "--server.port", str(free_ports(1)), *self.server_args])
+                                           "--server.port", str(free_ports(1)), *cls.server_args])
         server = spec.server(config)
         server.start()
         try:
-            server.wait_healthy(self.startup_timeout)
+            server.wait_healthy(cls.startup_timeout)
             yield server.base_url, model_dir
         finally:
             server.stop()
@@ -237,7 +239,7 @@ class InferenceBackendContract(Contract):
             set_plugin_manager(None)
         client = spec.client(server.base_url, api_key=None, timeout=5.0)
         try:
-            expect(client.health() is False, f"backend '{self.name}': health() is still True after stop()")
+            expect(client.health() is False, f"backend '{cls.name}': health() is still True after stop()")
         finally:
             _run(client.close)
 

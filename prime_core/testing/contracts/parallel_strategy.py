@@ -196,24 +196,26 @@ class ParallelStrategyContract(Contract):
     ``rtol`` / ``atol`` where a case has no float64 run (a non-float32 model)."""
 
     @pytest.fixture(scope="class")
-    def model_dir(self, tmp_path_factory) -> Path:
-        return tiny_model(tmp_path_factory.mktemp("model") / "tiny", experts=self.experts)
+    @classmethod
+    def model_dir(cls, tmp_path_factory) -> Path:
+        return tiny_model(tmp_path_factory.mktemp("model") / "tiny", experts=cls.experts)
 
     @pytest.fixture(scope="class")
-    def runs(self, model_dir, tmp_path_factory) -> tuple[Path, list[dict]]:
+    @classmethod
+    def runs(cls, model_dir, tmp_path_factory) -> tuple[Path, list[dict]]:
         """Every case as the reference and in ``processes`` processes (the resumable one saved
         at step 2 of 4); the output folder and the cases as run."""
         from prime_core.parity import run, too_few_gpus
 
-        if not self.cases:
-            pytest.fail(f"{type(self).__name__} must set `cases`: parity cases that turn '{self.name}' on")
-        cases = [dict(case) for case in self.cases]
-        if self.resume:
+        if not cls.cases:
+            pytest.fail(f"{cls.__name__} must set `cases`: parity cases that turn '{cls.name}' on")
+        cases = [dict(case) for case in cls.cases]
+        if cls.resume:
             cases[0] = {**cases[0], "steps": max(4, cases[0].get("steps", 4)), "ckpt_step": 2}
         out = tmp_path_factory.mktemp("parity")
-        cpu = too_few_gpus(self.processes)
+        cpu = too_few_gpus(cls.processes)
         run(model_dir, out, cases, reference=True, cpu=cpu)
-        run(model_dir, out, cases, processes=self.processes, save_ckpt=self.resume, cpu=cpu)
+        run(model_dir, out, cases, processes=cls.processes, save_ckpt=cls.resume, cpu=cpu)
         return out, cases
 
     def test_declares_a_slot_a_mesh_and_degrees(self, spec, manager):

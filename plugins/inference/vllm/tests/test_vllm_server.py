@@ -534,7 +534,8 @@ class TestVLLMContract(InferenceBackendContract):
     api_key = KEY
 
     @pytest.fixture(scope="class")
-    def served(self, role, tiny):
+    @classmethod
+    def served(cls, role, tiny):
         return role.base_url, Path(tiny)
 
 
