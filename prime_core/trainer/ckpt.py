@@ -15,9 +15,11 @@ published weights (safetensors) are never unpickled."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 MARKER = "COMPLETE"
@@ -123,7 +125,8 @@ def save(output_dir: Path, step: int, model, optimizer, progress: dict, *, world
     from prime_core.run_dir import writing
 
     with writing(tmp, f"the checkpoint of step {step}"):  # each rank fsyncs the files it writes
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp / "state")
+        with _single_process_quiet():
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp / "state")
     if offload:
         offload.to_host()
     distributed.barrier(world)
@@ -144,6 +147,15 @@ def save(output_dir: Path, step: int, model, optimizer, progress: dict, *, world
     return path
 
 
+@contextlib.contextmanager
+def _single_process_quiet():
+    """Without a process group, torch's checkpoint warns at every save and load that it assumes
+    one process; a one-process trainer is one, so that line would only fill its log."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        yield
+
+
 def load(path: Path, model, optimizer, *, skip_optimizer: bool = False) -> dict:
     """Restore model and optimizer (resharded to this run's layout; the model alone with
     ``skip_optimizer``); returns the progress. Collective like ``save``."""
@@ -160,7 +172,8 @@ def load(path: Path, model, optimizer, *, skip_optimizer: bool = False) -> dict:
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state} if skip_optimizer else {"model": model_state, "optim": optim_state}
     try:
-        dcp.load(state, checkpoint_id=path / "state")
+        with _single_process_quiet():
+            dcp.load(state, checkpoint_id=path / "state")
     except Exception as exc:  # damage that passed `problem` (same sizes, other bytes), or another model
         raise PrimeError(f"checkpoint {path} cannot be loaded ({type(exc).__name__}: {str(exc)[:300]})",
                          hint=f"if it is damaged, move {path} aside and resume again: the previous checkpoint "

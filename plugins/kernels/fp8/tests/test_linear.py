@@ -227,13 +227,14 @@ def test_compiles_into_one_graph_of_custom_gemm_operators_with_the_same_results(
     # break, and the graphs hold one operator per GEMM, not what it does inside (the backends'
     # dispatch, which broke the graph at every linear). The quantisers around them are traced
     # (on CUDA Triton operators that Inductor launches; here the PyTorch reference).
+    from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
     graphs = []
 
     def keep(gm, _inputs):
         graphs.append(gm)
-        return gm
+        return make_boxed_func(gm.forward)
 
     torch.manual_seed(0)
     x = torch.randn(3, 5, 200, requires_grad=True)
