@@ -65,6 +65,24 @@ class Section(BaseModel):
         return out
 
 
+def walk_fields(model: BaseModel, prefix: str = "", *, into: Callable[[Any], bool] = lambda info: True):
+    """``(dotted key, value, field info, owning section)`` for every field of ``model`` and of the
+    sections below it (a list of sections by index: ``env[0].id``), depth first; nothing below a
+    field whose ``into(info)`` is false."""
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        key = f"{prefix}{name}"
+        yield key, value, info, model
+        if not into(info):
+            continue
+        if isinstance(value, BaseModel):
+            yield from walk_fields(value, f"{key}.", into=into)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    yield from walk_fields(item, f"{key}[{i}].", into=into)
+
+
 def merge_tables(base: Any, top: Any) -> Any:
     """``top`` wins; dicts merge recursively."""
     if isinstance(base, dict) and isinstance(top, dict):

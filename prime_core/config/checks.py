@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from prime_core.config.base import Requires, Selects
+from prime_core.config.base import Requires, Selects, walk_fields
 from prime_core.config.env_args import env_args_problems
 from prime_core.config.schema import build_schema
 from prime_core.errors import PluginError, did_you_mean
@@ -50,20 +50,12 @@ def _used(marker: Selects | Requires, section: BaseModel, value: Any) -> bool:
     return value is not None and value is not False
 
 
-def _walk(model: BaseModel, prefix: str = ""):
-    """(dotted key, value, marker, owning section) for every marked field in use."""
-    for name, info in type(model).model_fields.items():
-        value = getattr(model, name)
-        key = f"{prefix}{name}"
+def _marked(model: BaseModel):
+    """(dotted key, value, marker) for every marked field in use."""
+    for key, value, info, section in walk_fields(model):
         for marker in info.metadata:
-            if isinstance(marker, Selects | Requires) and _used(marker, model, value):
+            if isinstance(marker, Selects | Requires) and _used(marker, section, value):
                 yield key, value, marker
-        if isinstance(value, BaseModel):
-            yield from _walk(value, f"{key}.")
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                if isinstance(item, BaseModel):
-                    yield from _walk(item, f"{key}[{i}].")
 
 
 def _check_select(manager: PluginManager, key: str, value: Any, marker: Selects) -> list[str]:
@@ -147,7 +139,7 @@ def check(config: BaseModel, root: str, manager: PluginManager | None = None, *,
     on_this_machine = runs_here(config, manager)
     here = on_this_machine if here is None else here
     problems: list[str] = []
-    for key, value, marker in _walk(config):
+    for key, value, marker in _marked(config):
         problems.extend(_check_one(manager, key, value, marker))
     if hasattr(config, "launcher"):
         try:

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from prime_core.config.base import Noted
+from prime_core.config.base import Noted, walk_fields
 
 DOCS = "docs/prime-rl.md"
 
@@ -40,32 +40,28 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _walk(model: BaseModel, prefix: str = ""):
-    for name, info in type(model).model_fields.items():
-        value = getattr(model, name)
-        key = f"{prefix}{name}"
-        marker = next((m for m in info.metadata if isinstance(m, Noted)), None)
-        if marker is not None:
-            if marker.when is not None:
-                if marker.when(value):
-                    yield key, value, marker.note
-                continue
-            if value is not None and value != _default(info) and value not in ({}, []):
-                yield key, value, marker.note
+def _noted(info) -> Noted | None:
+    return next((m for m in info.metadata if isinstance(m, Noted)), None)
+
+
+def _set_notes(config: BaseModel):
+    """(dotted key, value, note) for every noted key that is set (nothing below one is looked at)."""
+    for key, value, info, _ in walk_fields(config, into=lambda info: _noted(info) is None):
+        marker = _noted(info)
+        if marker is None:
             continue
-        if isinstance(value, BaseModel):
-            yield from _walk(value, f"{key}.")
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                if isinstance(item, BaseModel):
-                    yield from _walk(item, f"{key}[{i}].")
+        if marker.when is not None:
+            if marker.when(value):
+                yield key, value, marker.note
+        elif value is not None and value != _default(info) and value not in ({}, []):
+            yield key, value, marker.note
 
 
 def notes(config: BaseModel) -> list[str]:
     """One line per prime-rl key that is set and that prime does not use as prime-rl does. A key
     that a top-level table copied into several roles is named once with each place."""
     grouped: dict[tuple[str, str, str], list[str]] = {}
-    for key, value, note in _walk(config):
+    for key, value, note in _set_notes(config):
         leaf = key.rsplit(".", 1)[-1]
         grouped.setdefault((leaf, _shown(value), note), []).append(key)
     return [f"{', '.join(keys)} = {shown}: {note}" for (_, shown, note), keys in grouped.items()]
