@@ -26,7 +26,7 @@ import pytest
 from prime_core import hookimpl
 from prime_core.orchestrator.batch import batch_file, read_batch
 from prime_core.orchestrator.tools import Tool
-from prime_core.testing import inference_server
+from prime_core.testing import inference_server, records
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tools"
@@ -46,12 +46,6 @@ def prime(*args: str, timeout: float = 900, check: bool = True) -> subprocess.Co
     if check and result.returncode != 0:
         raise AssertionError(f"prime {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
     return result
-
-
-def records(out: Path, role: str) -> list[dict]:
-    path = out / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [r for r in map(json.loads, filter(str.strip, lines)) if r["role"] == role]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from prime_core.testing import free_ports, inference_server
+from prime_core.testing import LEARNABLE, LEARNABLE_TASK, free_ports, inference_server, records
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "cpu"
@@ -35,14 +35,6 @@ def prime(*args: str, timeout: float = 900, check: bool = True) -> subprocess.Co
     if check and result.returncode != 0:
         raise AssertionError(f"prime {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
     return result
-
-
-def records(out: Path, role: str) -> list[dict]:
-    path = out / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [r for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-            if r["role"] == role]
 
 
 @pytest.fixture(scope="module")
@@ -127,18 +119,6 @@ def test_moe_rl_with_expert_parallel_native_model(tmp_path):
     key = "model.layers.1.mlp.experts.3.down_proj.weight"
     assert published.keys() == start.keys() and published[key].shape == start[key].shape
     assert not published[key].equal(start[key]), "the experts trained"
-
-
-LEARNABLE_TASK = ["--orchestrator.env",
-                  '[{"id": "reverse_text", "args": {"alphabet": "ab", "min_len": 4, "max_len": 4}}]',
-                  "--trainer.optim.lr", "3e-3", "--trainer.scheduler.warmup-steps", "0",
-                  "--orchestrator.batch-size", "64"]
-"""A signal a random tiny model learns within a few steps: answer with the letters of
-``reverse_text`` strings over "ab" (partial credit)."""
-LEARNABLE = [*LEARNABLE_TASK,
-             # two servers on one CPU machine: let the OS place their workers (vLLM binds each to core 0)
-             "--inference.env", '{"VLLM_CPU_OMP_THREADS_BIND": "nobind"}']
-"""LEARNABLE_TASK, for a run that starts its own vLLM server(s)."""
 
 
 def test_two_replicas_and_two_trainer_processes_learn_with_bounded_lag_and_a_dead_replica_stops_the_run(

@@ -7,7 +7,6 @@ on a server while its weights change are held and finish."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from prime_core.testing import free_ports
+from prime_core.testing import free_ports, records
 
 ROOT = Path(__file__).resolve().parents[4]
 EXAMPLE = ROOT / "examples" / "cpu" / "rl.toml"
@@ -28,12 +27,6 @@ pytestmark = [
     pytest.mark.serial,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/install.sh)"),
 ]
-
-
-def records(out: Path, role: str) -> list[dict]:
-    path = out / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [r for r in map(json.loads, filter(None, lines)) if r["role"] == role]
 
 
 class LongRequests(threading.Thread):

@@ -13,7 +13,6 @@ reward climbs within a few steps.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import signal
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from prime_core.testing import free_ports
+from prime_core.testing import LEARNABLE, free_ports, records
 
 ROOT = Path(__file__).resolve().parents[4]
 EXAMPLE = ROOT / "examples" / "cpu" / "rl.toml"
@@ -35,21 +34,6 @@ pytestmark = [
     pytest.mark.serial,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (scripts/install.sh)"),
 ]
-
-LEARNABLE = ["--orchestrator.env", '[{"id": "reverse_text", "args": {"alphabet": "ab", "min_len": 4, "max_len": 4}}]',
-             "--trainer.optim.lr", "3e-3", "--trainer.scheduler.warmup-steps", "0",
-             "--orchestrator.batch-size", "64",
-             # two servers on one CPU machine: let the OS place their workers (vLLM binds each to core 0)
-             "--inference.env", '{"VLLM_CPU_OMP_THREADS_BIND": "nobind"}']
-
-
-def records(out: Path, role: str) -> list[dict]:
-    path = out / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [r for r in (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-            if r["role"] == role]
-
 
 def mean(values) -> float:
     values = list(values)
