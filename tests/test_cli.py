@@ -10,6 +10,7 @@ import typer
 
 from prime_core import hookimpl
 from prime_core.specs import CliCommand
+from prime_core.testing import config_only_model
 
 
 def test_help_lists_every_command(prime_cli, plugin_manager):
@@ -148,3 +149,14 @@ def test_help_is_fast_and_imports_nothing_heavy():
                    env={**os.environ, "COLUMNS": "100"})
     elapsed = time.perf_counter() - start
     assert elapsed < 5.0, f"prime --help took {elapsed:.2f} s"
+
+
+def test_eval_dry_run_says_what_it_would_do_and_starts_nothing(prime_cli, installed_plugins, tmp_path):
+    model = config_only_model(tmp_path / "model", model_type="qwen3")
+    out = tmp_path / "out"
+    result = prime_cli("eval", "--model.name", str(model), "--orchestrator.env", '[{"id": "reverse_text"}]',
+                       "--output-dir", str(out), "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert f"dry run: would evaluate {model} through a vllm (auto: the available backend with the highest " \
+           "priority) server it starts on reverse_text: 32 examples, 4 rollouts each" in result.output
+    assert not (out / "logs").exists() and not (out / "eval").exists()

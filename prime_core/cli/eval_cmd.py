@@ -12,7 +12,8 @@ def register(app: typer.Typer) -> None:
     def eval_command(ctx: typer.Context) -> None:
         """Evaluate model.name (served by the \\[inference] table while it runs) or, with --no-inference, the
         servers at orchestrator.client.base_url, on \\[orchestrator.eval] (avg@k, pass@k); writes
-        output_dir/eval/results.json. CONFIG... are files and --key value overrides (as prime run)."""
+        output_dir/eval/results.json (--dry-run: says what it would evaluate, starts nothing). CONFIG... are files
+        and --key value overrides (as prime run)."""
         from prime_core.cli.common import load_config
         from prime_core.hub import default_offline
         from prime_core.orchestrator.eval_run import run_standalone

@@ -24,6 +24,21 @@ def run_standalone(config) -> int:
         raise ConfigError(["orchestrator.eval.env: nothing to evaluate; add [[orchestrator.eval.env]] (or "
                            "[[orchestrator.env]]) with an environment `prime plugins list` shows"])
     orch = orch.model_copy(update={"env": envs, "eval": settings.model_copy(update={"env": []})})
+    if config.inference is not None:
+        _one_server(config.inference)
+    out = orch.output_dir / "eval" / "results.json"
+    served = config.inference.model.name if config.inference is not None else ", ".join(orch.client.base_url)
+    if getattr(config, "dry_run", False):
+        how = "the running server(s)"
+        if config.inference is not None:
+            from prime_core.inference.backend import describe, select_backend
+
+            name = config.inference.backend
+            how = f"a {describe(select_backend(name, key='inference.backend'), name)} server it starts"
+        names = ", ".join(getattr(env, "name", None) or env.id for env in envs)
+        print(f"dry run: would evaluate {served} through {how} on {names}: {settings.num_examples} examples, "
+              f"{settings.rollouts_per_example} rollouts each; results to {out}", flush=True)
+        return 0
     server = _start_server(config.inference) if config.inference is not None else None
     try:
         orchestrator = Orchestrator(orch)
@@ -32,8 +47,6 @@ def run_standalone(config) -> int:
     finally:
         if server is not None:
             server.stop()
-    out = orch.output_dir / "eval" / "results.json"
-    served = config.inference.model.name if config.inference is not None else ", ".join(orch.client.base_url)
     record = {"model": str(served), "num_examples": settings.num_examples, "k": settings.rollouts_per_example,
               "seed": settings.seed, "time": results.pop("time"), "environments": results}
     atomic_write_text(out, json.dumps(record, indent=2) + "\n")
@@ -44,14 +57,18 @@ def run_standalone(config) -> int:
     return 0
 
 
-def _start_server(inference):
+def _one_server(inference) -> None:
     from prime_core.errors import PrimeError
-    from prime_core.inference.backend import select_backend
 
     if inference.parallel.dp > 1:
         raise PrimeError(f"inference.parallel.dp = {inference.parallel.dp}: prime eval starts one server",
                          hint="set --inference.parallel.dp 1, or start the servers yourself and pass "
                               "--no-inference --orchestrator.client.base-url URL ...")
+
+
+def _start_server(inference):
+    from prime_core.inference.backend import select_backend
+
     server = select_backend(inference.backend, key="inference.backend").server(inference)
     print(f"starting the inference server for {inference.model.name}", flush=True)
     server.start()
