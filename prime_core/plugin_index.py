@@ -43,9 +43,12 @@ def name_owner(registry: str, name: str) -> dict | None:
     return None
 
 
-def owner_hint(entry: dict, manager) -> str:
-    """Why the owner's plugin is not providing it here, and the fix."""
+def owner_hint(entry: dict, manager) -> str | None:
+    """Why the owner's plugin is not providing it here, and the fix; ``None`` when it is loaded
+    (what it does not provide is then not its: a typo in one of its sections, say)."""
     record = manager.records.get(entry["plugin"])
+    if record is not None and record.status in ("active", "unavailable"):
+        return None
     label = f"plugin '{entry['plugin']}' ({entry['distribution']})"
     if record is not None and record.status == "disabled":
         return f"{label}, which is disabled: remove it from PRIME_DISABLED_PLUGINS / --disable-plugin"

@@ -385,7 +385,8 @@ class PluginManager:
         from prime_core.plugin_index import name_owner, owner_hint
 
         entry = name_owner(kind, name)
-        return f"it is provided by {owner_hint(entry, self)}" if entry else None
+        why = owner_hint(entry, self) if entry else None
+        return f"it is provided by {why}" if why else None
 
     def _inactive_hint(self, name: str) -> str | None:
         """If a disabled or failed plugin might have provided ``name``, say which and why."""

@@ -57,6 +57,14 @@ def test_config_validate_reports_missing_capabilities(prime_cli, plugin_manager)
         in result.output
 
 
+def test_a_typo_in_an_installed_plugins_section_is_a_typo(prime_cli, installed_plugins):
+    # A key under a section of a loaded plugin is not "that plugin's, install it": it is a typo.
+    for key, meant in (("--wandb.projet", "project"), ("--trainer.model.ac.freqq", "freq")):
+        result = prime_cli("config", "validate", key, "2")
+        assert result.exit_code == 2
+        assert f"unknown key (did you mean '{meant}'?)" in result.output and "pip install" not in result.output
+
+
 def test_config_validate_passes_when_everything_is_provided(prime_cli, register_plugin):
     from prime_core.specs import Environment, InferenceBackend, Launcher
 
