@@ -31,7 +31,7 @@ def step_samples(config, root: str) -> int | None:
         return fake.batch_size
     if root == "rl":
         return config.orchestrator.batch_size
-    return getattr(config, "batch_size", None)
+    return getattr(getattr(trainer, "data", None), "batch_size", None)  # SFT: data.batch_size
 
 
 def predict(config, root: str, manager=None, *, processes: int | None = None, rows: int | None = None,

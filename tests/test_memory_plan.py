@@ -169,3 +169,12 @@ def test_the_plan_counts_rows_stacked_into_one_pass(installed_plugins, tiny):
     assert not any("stacked" in note for note in single.notes), single.notes
     assert (stacked.tokens, single.tokens) == (2048, 256)
     assert stacked.terms["activations"] > 4 * single.terms["activations"]
+
+
+def test_an_sft_plan_reads_its_step_from_data_batch_size(installed_plugins, tiny):
+    from prime_core.cli.common import load_config
+    from prime_core.plan import step_samples
+
+    config = load_config("sft", ["--model.name", str(tiny), "--data.type", "sft", "--data.name", "org/chats",
+                                 "--data.batch-size", "256"])
+    assert step_samples(config, "sft") == 256
