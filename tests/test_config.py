@@ -228,12 +228,36 @@ def test_seed_values_land_where_documented():
 
 
 def test_shared_model_propagates_unless_a_role_overrides(tmp_path):
-    a = write(tmp_path / "a.toml", '[model]\nname = "org/base"\n[trainer.model]\nimpl = "hf"\n'
-                                   '[inference.model]\nname = "org/served"\n')
+    a = write(tmp_path / "a.toml", '[model]\nname = "org/base"\ntrust_remote_code = false\n[trainer.model]\n'
+                                   'impl = "hf"\n[inference.model]\ntrust_remote_code = true\n')
     config = load_rl(a)
     assert config.trainer.model.name == "org/base" and config.trainer.model.impl == "hf"
-    assert config.orchestrator.model.name == "org/base"
-    assert config.inference.model.name == "org/served"
+    assert config.orchestrator.model.name == config.inference.model.name == "org/base"
+    assert config.inference.model.trust_remote_code and not config.orchestrator.model.trust_remote_code
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model.name", "org/base", "--inference.model.name", "org/served"],
+     "trainer.model.name = 'org/base', orchestrator.model.name = 'org/base', inference.model.name = 'org/served'"),
+    (["--max-steps", "10", "--trainer.max-steps", "5"], "trainer.max_steps = 5, orchestrator.max_steps = 10"),
+    (["--trainer.weight-broadcast.type", "nccl"],
+     "trainer.weight_broadcast.type = 'nccl', orchestrator.weight_broadcast.type = 'filesystem'"),
+    (["--trainer.ckpt.interval", "5", "--orchestrator.ckpt.interval", "7"],
+     "trainer.ckpt.interval = 5, orchestrator.ckpt.interval = 7"),
+])
+def test_roles_that_disagree_on_a_shared_key_are_refused(args, message):
+    # The run would hang (steps, weight transport), pack rows the trainer refuses, or serve
+    # another model than it trains: prime-rl refuses these too.
+    with pytest.raises(ConfigError) as error:
+        load_rl(*args)
+    assert f"{message}: the roles must agree; set the top-level" in str(error.value)
+
+
+def test_a_trainer_seq_len_shorter_than_the_orchestrators_is_refused():
+    with pytest.raises(ConfigError, match="trainer.seq_len = 256 is shorter than orchestrator.seq_len = 2048, the "
+                                          "rows it packs"):
+        load_rl("--trainer.seq-len", "256")
+    assert load_rl("--seq-len", "512", "--trainer.seq-len", "1024").trainer.seq_len == 1024  # longer is fine
 
 
 def test_role_configs_round_trip(tmp_path):

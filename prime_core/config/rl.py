@@ -16,7 +16,15 @@ from pydantic import AliasChoices, Field, model_validator
 
 from prime_core.bench import BenchConfig
 from prime_core.config.base import NoSecrets, Noted, Section, Toggle, merge_tables
-from prime_core.config.shared import ROLES, CkptConfig, LogConfig, ModelRef, Monitors, WeightBroadcastConfig
+from prime_core.config.shared import (
+    ROLES,
+    CkptConfig,
+    LogConfig,
+    ModelRef,
+    Monitors,
+    WeightBroadcastConfig,
+    looks_like_local_path,
+)
 from prime_core.inference.config import InferenceConfig
 from prime_core.launch.config import Deployment, SingleNodeDeployment, infer_deployment_type
 from prime_core.orchestrator.config import OrchestratorConfig
@@ -127,7 +135,7 @@ class RLConfig(Section):
         """Keys that contradict each other (checked once the config is valid; ``config.load``)."""
         from prime_core.config import teacher
 
-        problems = clean_and_resume(self) + teacher.problems(self)
+        problems = clean_and_resume(self) + teacher.problems(self) + roles_disagree(self)
         inference, sampling = self.inference, self.orchestrator.sampling
         limit = inference.model.max_model_len if inference is not None else None
         if limit is not None and sampling.max_tokens is not None and sampling.max_tokens >= limit:
@@ -144,6 +152,36 @@ class RLConfig(Section):
                                 f"{inference.parallel.dp} on {nodes} inference node(s) makes "
                                 f"{inference.parallel.dp * nodes}: give one of them, or make them agree")
         return problems
+
+
+def _model_name(name: str) -> str:
+    return str(Path(name).expanduser().resolve()) if looks_like_local_path(name) else name
+
+
+def roles_disagree(config) -> list[str]:
+    """Shared keys the roles were given different values of (a role's own table, an ``@`` file
+    per role, ``--trainer.KEY``): the run would hang, train another model than it serves, or get
+    rows longer than the trainer takes, so it is refused, as prime-rl refuses it (a trainer's
+    ``seq_len`` may be longer than the orchestrator's)."""
+    trainer, orchestrator, inference = config.trainer, config.orchestrator, config.inference
+    values = {
+        "model.name": {"trainer": _model_name(trainer.model.name), "orchestrator": _model_name(orchestrator.model.name),
+                       **({"inference": _model_name(inference.model.name)} if inference is not None else {})},
+        "max_steps": {"trainer": trainer.max_steps, "orchestrator": orchestrator.max_steps},
+        "weight_broadcast.type": {"trainer": trainer.weight_broadcast.type,
+                                  "orchestrator": orchestrator.weight_broadcast.type},
+        "ckpt.interval": {"trainer": trainer.ckpt.interval, "orchestrator": orchestrator.ckpt.interval},
+    }
+    problems = []
+    for key, by_role in values.items():
+        if len({value for value in by_role.values() if value is not None}) > 1:
+            shown = ", ".join(f"{role}.{key} = {value!r}" for role, value in by_role.items())
+            problems.append(f"{shown}: the roles must agree; set the top-level {key} (every role reads it) and "
+                            f"drop the roles' own values")
+    if trainer.seq_len < orchestrator.seq_len:
+        problems.append(f"trainer.seq_len = {trainer.seq_len} is shorter than orchestrator.seq_len = "
+                        f"{orchestrator.seq_len}, the rows it packs: set the top-level seq_len, or raise the trainer's")
+    return problems
 
 
 def clean_and_resume(config) -> list[str]:
