@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from prime_core.testing import LEARNABLE, LEARNABLE_TASK, free_ports, inference_server, records
+from prime_core.testing import free_ports, inference_server, records
+from prime_plugin_tasks.reverse_text import LEARNABLE, LEARNABLE_TASK
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "cpu"

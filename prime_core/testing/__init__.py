@@ -22,8 +22,7 @@ Fixtures:
   manager; returns click's ``Result`` (``exit_code``, ``output``, ``stdout``, ``stderr``).
 
 End-to-end helpers: ``records(out, role)`` reads a run's ``metrics.jsonl`` (also while it is
-written); ``LEARNABLE`` / ``LEARNABLE_TASK`` are ``prime run`` arguments for a task a random tiny
-model learns within a few steps; ``inference_server(...)`` is one shared ``prime inference``.
+written); ``inference_server(...)`` is one shared ``prime inference``.
 
 Helpers: ``config_only_model(folder, **config)`` writes a model folder that passes the
 config's model-folder checks (``config.json`` from ``config``, a weights file with no tensors,
@@ -53,17 +52,6 @@ import pytest
 from prime_core import ENTRY_POINT_GROUP
 from prime_core.plugins import CONTROL_ENV, PluginManager, set_plugin_manager
 from prime_core.ports import free_ports  # noqa: F401 - the tests import it from here
-
-LEARNABLE_TASK = ["--orchestrator.env",
-                  '[{"id": "reverse_text", "args": {"alphabet": "ab", "min_len": 4, "max_len": 4}}]',
-                  "--trainer.optim.lr", "3e-3", "--trainer.scheduler.warmup-steps", "0",
-                  "--orchestrator.batch-size", "64"]
-"""``prime run`` arguments for end-to-end tests: a signal a random tiny model learns within a few
-steps (answer with the letters of ``reverse_text`` strings over "ab", partial credit)."""
-LEARNABLE = [*LEARNABLE_TASK,
-             # two servers on one CPU machine: let the OS place their workers (vLLM binds each to core 0)
-             "--inference.env", '{"VLLM_CPU_OMP_THREADS_BIND": "nobind"}']
-"""``LEARNABLE_TASK``, for a run that starts its own vLLM server(s)."""
 
 
 def records(out: Path, role: str) -> list[dict]:

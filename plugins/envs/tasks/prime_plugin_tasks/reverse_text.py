@@ -11,6 +11,17 @@ from prime_core.orchestrator.env import Task
 
 SYSTEM = "Reverse the text character by character. Reply with the reversed text only."
 
+LEARNABLE_TASK = ["--orchestrator.env",
+                  '[{"id": "reverse_text", "args": {"alphabet": "ab", "min_len": 4, "max_len": 4}}]',
+                  "--trainer.optim.lr", "3e-3", "--trainer.scheduler.warmup-steps", "0",
+                  "--orchestrator.batch-size", "64"]
+"""``prime run`` arguments of the end-to-end tests: a signal a random tiny model learns within a
+few steps (reply with the letters of strings over "ab", partial credit)."""
+LEARNABLE = [*LEARNABLE_TASK,
+             # two servers on one CPU machine: let the OS place their workers (vLLM binds each to core 0)
+             "--inference.env", '{"VLLM_CPU_OMP_THREADS_BIND": "nobind"}']
+"""``LEARNABLE_TASK``, for a run that starts its own vLLM server(s)."""
+
 
 class ReverseText:
     def __init__(self, min_len: int = 3, max_len: int = 6, alphabet: str = string.ascii_lowercase) -> None:

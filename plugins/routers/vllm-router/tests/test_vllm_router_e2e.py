@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from prime_core.testing import LEARNABLE, free_ports, records
+from prime_core.testing import free_ports, records
+from prime_plugin_tasks.reverse_text import LEARNABLE
 
 ROOT = Path(__file__).resolve().parents[4]
 EXAMPLE = ROOT / "examples" / "cpu" / "rl.toml"
