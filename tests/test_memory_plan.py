@@ -81,7 +81,7 @@ def tiny(tmp_path):
 
 
 def test_prime_plan_prints_the_terms_and_the_verdict(prime_cli, installed_plugins, tiny, tmp_path):
-    args = ["plan", "--trainer.model.name", str(tiny), "--seq-len", "65536", "--output-dir", str(tmp_path / "out")]
+    args = ["plan", "--model.name", str(tiny), "--seq-len", "65536", "--output-dir", str(tmp_path / "out")]
     result = prime_cli(*args, "--gpu-memory", "80")
     assert result.exit_code == 0, result.output
     for term in ("parameters", "optimizer", "activations", "lm_head", "mixed precision: compute copies",
@@ -96,7 +96,7 @@ def test_prime_plan_prints_the_terms_and_the_verdict(prime_cli, installed_plugin
 def test_prime_plan_says_whether_the_host_memory_terms_fit(prime_cli, installed_plugins, tiny, tmp_path):
     """Offloaded activations and optimizer state are host memory: ``prime plan`` compares them with
     the machine (``--host-memory``, else this one's), naming the keys that keep them on the GPU."""
-    args = ["plan", "--trainer.model.name", str(tiny), "--seq-len", "65536", "--trainer.model.optim-cpu-offload",
+    args = ["plan", "--model.name", str(tiny), "--seq-len", "65536", "--trainer.model.optim-cpu-offload",
             "true", "--trainer.model.ac", "{}", "--trainer.model.ac-offloading", "{}",
             "--output-dir", str(tmp_path / "out"), "--gpu-memory", "80"]
     big = prime_cli(*args, "--host-memory", "512")
@@ -107,7 +107,7 @@ def test_prime_plan_says_whether_the_host_memory_terms_fit(prime_cli, installed_
     small = prime_cli(*args, "--host-memory", "0.01")
     assert small.exit_code == 0 and "does NOT fit in 85% of it" in small.output
     assert "ac_offloading] blocks = N" in small.output
-    plain = prime_cli("plan", "--trainer.model.name", str(tiny), "--output-dir", str(tmp_path / "out"),
+    plain = prime_cli("plan", "--model.name", str(tiny), "--output-dir", str(tmp_path / "out"),
                       "--gpu-memory", "80", "--host-memory", "0.01")
     assert plain.exit_code == 0 and "host memory" not in plain.output  # nothing kept there: nothing said
 
@@ -117,7 +117,7 @@ def test_prime_run_warns_when_the_host_memory_terms_do_not_fit(monkeypatch, inst
     from prime_core.cli.common import load_config
     from prime_core.launch.plan import LaunchPlan
 
-    config = load_config("rl", ["--trainer.model.name", str(tiny), "--trainer.model.optim-cpu-offload", "true"])
+    config = load_config("rl", ["--model.name", str(tiny), "--trainer.model.optim-cpu-offload", "true"])
     placed = LaunchPlan(launcher="local", output_dir=Path("out"), placement=[{"role": "trainer", "gpus": "0,1"}])
     monkeypatch.setattr(plan_module, "gpu_memory", lambda indices=None: {"0": 80.0 * (1 << 30), "1": 80.0 * (1 << 30)})
     warnings = []
@@ -141,7 +141,7 @@ def test_prime_run_warns_before_a_run_that_will_not_fit(monkeypatch, installed_p
     from prime_core.cli.common import load_config
     from prime_core.launch.plan import LaunchPlan
 
-    config = load_config("rl", ["--trainer.model.name", str(tiny), "--seq-len", "65536"])
+    config = load_config("rl", ["--model.name", str(tiny), "--seq-len", "65536"])
     placed = LaunchPlan(launcher="local", output_dir=Path("out"), placement=[{"role": "trainer", "gpus": "1"}])
     warnings = []
     monkeypatch.setattr(plan_module, "gpu_memory", lambda indices=None: {"1": 1.0 * (1 << 30)})
@@ -161,7 +161,7 @@ def test_the_plan_counts_rows_stacked_into_one_pass(installed_plugins, tiny):
     from prime_core.cli.common import load_config
     from prime_core.plan import predict
 
-    args = ["--trainer.model.name", str(tiny), "--trainer.model.impl", "hf", "--seq-len", "256",
+    args = ["--model.name", str(tiny), "--trainer.model.impl", "hf", "--seq-len", "256",
             "--orchestrator.batch-size", "64"]
     stacked = predict(load_config("rl", args), "rl")
     single = predict(load_config("rl", [*args, "--trainer.model.pass-tokens", "256"]), "rl")

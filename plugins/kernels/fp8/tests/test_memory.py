@@ -20,7 +20,7 @@ def tiny(tmp_path_factory):
 
 
 def _args(tiny, *extra, impl="custom"):
-    return ["--trainer.model.name", str(tiny), "--trainer.model.impl", impl, "--trainer.model.dtype", "float32",
+    return ["--model.name", str(tiny), "--trainer.model.impl", impl, "--trainer.model.dtype", "float32",
             "--seq-len", str(TOKENS), "--trainer.model.pass-tokens", str(TOKENS), "--trainer.model.compile", "none",
             *extra]
 

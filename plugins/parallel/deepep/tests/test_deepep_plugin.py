@@ -118,7 +118,7 @@ def test_selecting_it_fails_with_the_reason(with_ep, plugin_manager):
 def test_config_validate_refuses_it(with_ep, prime_cli, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     config_only_model(tmp_path, model_type="qwen3_moe", num_experts=8)
-    args = ["config", "validate", "--trainer.model.name", str(tmp_path), "--trainer.model.ep", "2",
+    args = ["config", "validate", "--model.name", str(tmp_path), "--trainer.model.ep", "2",
             "--deployment.num_train_gpus", "2"]
     result = prime_cli(*args, "--trainer.model.ep_comm_backend", "deepep")
     assert result.exit_code == 2

@@ -101,7 +101,7 @@ def test_refuses_fsdp_cpu_offload_with_ep(offline):
 def test_config_validate_reports_it(tmp_path, offline, register_plugin, prime_cli):
     register_plugin(plugin, name="ep")
     moe = _model_dir(tmp_path, "moe", model_type="qwen3_moe", num_experts=6)
-    result = prime_cli("config", "validate", "--trainer.model.name", moe, "--trainer.model.ep", "4",
+    result = prime_cli("config", "validate", "--model.name", moe, "--trainer.model.ep", "4",
                        "--deployment.num_train_gpus", "4")
     assert result.exit_code == 2
     assert "trainer.model.ep = 4 does not divide the 6 experts" in result.output
