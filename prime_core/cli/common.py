@@ -32,10 +32,15 @@ def print_warning(text: str) -> None:
 def load_config(root: str, tokens: list[str], manager: PluginManager | None = None, *,
                 environ=None) -> BaseModel:
     """Parse ``tokens`` (files, ``@ file``, ``--key value``) and return the validated config;
-    ``PRIME_*`` variables come from ``environ`` (this process's environment by default)."""
+    ``PRIME_*`` variables come from ``environ`` (this process's environment by default).
+    Hugging Face ids resolve as the roles will (``HF_HUB_OFFLINE=1`` unless set): a check of a
+    model's config never waits on a network that the run would not use."""
     from prime_core.config.cli_args import parse_args
     from prime_core.config.load import load
     from prime_core.config.prime_rl import notes
+    from prime_core.hub import default_offline
+
+    default_offline()
 
     config, _ = load(root, parse_args(tokens), manager=manager or get_plugin_manager(), environ=environ)
     for line in notes(config):
