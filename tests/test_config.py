@@ -227,6 +227,22 @@ def test_seed_values_land_where_documented():
     assert split.deployment.type == "single_node"
 
 
+@pytest.mark.parametrize("args, dp", [
+    (["--deployment.num-infer-gpus", "6", "--deployment.num-train-gpus", "2"], 6),
+    (["--inference-gpu-ids", "0,1,2,3,4,5", "--trainer-gpu-ids", "6,7"], 6),
+    (["--deployment.num-infer-gpus", "6", "--deployment.num-train-gpus", "2", "--inference.parallel.tp", "2"], 3),
+    (["--deployment.num-infer-gpus", "6", "--deployment.num-train-gpus", "2", "--inference.parallel.dp", "2"], 2),
+    (["--deployment.num-train-nodes", "1", "--deployment.num-infer-nodes", "1", "--inference.parallel.tp", "4"], 2),
+    ([], 1),
+])
+def test_inference_replicas_fill_the_inference_gpus(args, dp):
+    """prime-rl's ``dp = infer_gpus // tp`` where dp is unset (a multi-node run: per inference
+    node); the orchestrator gets every replica's URL."""
+    config = load_rl(*args)
+    assert config.inference.parallel.dp == dp
+    assert len(config.orchestrator.client.base_url) == dp
+
+
 def test_shared_model_propagates_unless_a_role_overrides(tmp_path):
     a = write(tmp_path / "a.toml", '[model]\nname = "org/base"\ntrust_remote_code = false\n[trainer.model]\n'
                                    'impl = "hf"\n[inference.model]\ntrust_remote_code = true\n')

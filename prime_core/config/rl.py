@@ -26,7 +26,13 @@ from prime_core.config.shared import (
     looks_like_local_path,
 )
 from prime_core.inference.config import InferenceConfig
-from prime_core.launch.config import Deployment, SingleNodeDeployment, infer_deployment_type
+from prime_core.launch.config import (
+    Deployment,
+    SingleNodeDeployment,
+    gpu_ids,
+    infer_deployment_type,
+    with_deployment_type,
+)
 from prime_core.orchestrator.config import OrchestratorConfig
 from prime_core.trainer.config import TrainerConfig
 
@@ -125,6 +131,7 @@ class RLConfig(Section):
                     section.setdefault(key, value)
                 data[role] = section
         _replicas_from_deployment(data)
+        _replicas_fill_the_inference_gpus(data)
         _point_client_at_server(data)
         from prime_core.config.teacher import point_teacher_at_server
 
@@ -227,6 +234,32 @@ def _replicas_from_deployment(data: dict) -> None:
     if nodes > 0 and replicas % nodes == 0:
         inference["parallel"].setdefault("dp", replicas // nodes)
     data["inference"] = inference
+
+
+def _replicas_fill_the_inference_gpus(data: dict) -> None:
+    """``inference.parallel.dp`` unset: as many replicas of ``tp`` GPUs as the inference GPUs
+    hold (``deployment.num_infer_gpus`` or ``inference_gpu_ids``; ``gpus_per_node`` on each
+    inference node), as prime-rl derives it (one server of one GPU on six left five idle)."""
+    deployment, inference = data.get("deployment"), data.get("inference", {})
+    if not isinstance(deployment, dict) or inference is None or inference is False:
+        return
+    inference = {} if inference is True else inference
+    parallel = inference.get("parallel", {}) if isinstance(inference, dict) else None
+    if not isinstance(parallel, dict) or "dp" in parallel:
+        return
+    try:
+        deployment = with_deployment_type(deployment)
+        tp = int(parallel.get("tp", 1))
+        if deployment.get("type") == "multi_node":
+            gpus = int(deployment.get("gpus_per_node", 8))
+        elif deployment.get("inference_gpu_ids") is not None:
+            gpus = len(gpu_ids(deployment["inference_gpu_ids"]))
+        else:
+            gpus = int(deployment.get("num_infer_gpus", 1))
+    except (TypeError, ValueError):
+        return  # the schema reports the bad value
+    if tp > 0 and gpus // tp > 1:
+        data["inference"] = {**inference, "parallel": {**parallel, "dp": gpus // tp}}
 
 
 def _move_prime_rl_keys(data: dict) -> None:

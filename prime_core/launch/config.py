@@ -13,7 +13,7 @@ _MULTI_NODE_KEYS = {"num_train_nodes", "num_infer_nodes", "num_nodes", "nodes_pe
 _SINGLE_NODE_KEYS = {"num_train_gpus", "num_infer_gpus", "num_gpus", "inference_gpu_ids", "trainer_gpu_ids"}
 
 
-def _infer_type(value: Any) -> Any:
+def with_deployment_type(value: Any) -> Any:
     if isinstance(value, dict) and value.get("type") == "disaggregated":
         raise ValueError("type = 'disaggregated' (prime-rl's prefill/decode disaggregation): prime serves each "
                          "replica whole, without P/D disaggregation; use type = 'single_node' or 'multi_node' "
@@ -26,10 +26,10 @@ def _infer_type(value: Any) -> Any:
     return value
 
 
-infer_deployment_type = BeforeValidator(_infer_type)
+infer_deployment_type = BeforeValidator(with_deployment_type)
 
 
-def _gpu_ids(value: Any) -> Any:
+def gpu_ids(value: Any) -> Any:
     """``0``, ``"0,1,2"`` and ``[0, 1]`` all name GPUs (the command line gives the first two)."""
     if isinstance(value, bool):
         return value
@@ -42,7 +42,7 @@ def _gpu_ids(value: Any) -> Any:
     return value
 
 
-GpuIds = Annotated[list[int] | None, BeforeValidator(_gpu_ids)]
+GpuIds = Annotated[list[int] | None, BeforeValidator(gpu_ids)]
 
 
 class SingleNodeDeployment(Section):
