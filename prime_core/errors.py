@@ -35,6 +35,12 @@ class ConfigError(PrimeError):
         super().__init__(f"{head}: {len(self.problems)} {noun}\n{body}")
 
 
+class UsageError(PrimeError):
+    """A command given an option it does not take."""
+
+    exit_code = 2
+
+
 class PluginError(PrimeError):
     """A plugin is missing, broken, disabled, conflicting or cannot run here."""
 

@@ -168,3 +168,10 @@ def test_eval_dry_run_says_what_it_would_do_and_starts_nothing(prime_cli, instal
     assert f"dry run: would evaluate {model} through a vllm (auto: the available backend with the highest " \
            "priority) server it starts on reverse_text: 32 examples, 4 rollouts each" in result.output
     assert not (out / "logs").exists() and not (out / "eval").exists()
+
+
+def test_a_role_refuses_dry_run_and_bench_with_the_command_that_does_it(prime_cli, plugin_manager):
+    for flag, does in (("--dry-run", "prime run CONFIG --dry-run` writes every role's config"),
+                       ("--bench", "prime run CONFIG --bench` benchmarks the trainer")):
+        result = prime_cli("trainer", flag)
+        assert result.exit_code == 2 and f"prime trainer has no {flag}" in result.output and does in result.output

@@ -17,7 +17,7 @@ ROLE_HELP = {
     "trainer": "Train on the batches the orchestrator writes; publish weights.",
     "orchestrator": "Sample from inference, score, and write training batches.",
     "inference": "Serve the policy (OpenAI-compatible API with weight updates).",
-    "sft": "Supervised fine-tuning on a local chat dataset.",
+    "sft": "Supervised fine-tuning on a chat dataset (a local JSONL file or a Hugging Face dataset).",
 }
 LAUNCHED_ROOTS = ("sft", "inference")
 """Roles that are also roots of a launch (``prime sft``, ``prime inference``)."""
@@ -82,6 +82,14 @@ def _command(role: str, help_text: str):
             if code:
                 raise typer.Exit(code)
             return
+        if "--dry-run" in ctx.args or "--bench" in ctx.args:
+            from prime_core.errors import UsageError
+
+            flag = "--dry-run" if "--dry-run" in ctx.args else "--bench"
+            raise UsageError(f"prime {role} has no {flag}: it runs the role itself",
+                             hint=f"`prime config validate --root {role} CONFIG` checks its config; `prime run CONFIG "
+                                  f"{flag}` " + ("writes every role's config and the launch plan, starting nothing"
+                                                 if flag == "--dry-run" else "benchmarks the trainer on fake data"))
         code = run_role(role, ctx.args)
         if distributed.from_env()[2] > 1:  # a torchrun rank (trainer, sft): see exit_process
             distributed.exit_process(code)
