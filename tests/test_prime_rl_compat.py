@@ -281,6 +281,26 @@ type = "native"
     assert "warning: inference.kv_cache_offload = " in said
 
 
+def test_the_seeds_inference_command_line(prime_cli, dense_model):
+    """Seed 001's multi-node inference flags (vLLM's): tensor and local data-parallel sizes are
+    parallel.tp / dp of this node, the cross-node DP group's keys are named in warnings, and an
+    API key on the command line is refused with where a key goes instead."""
+    pytest.importorskip("prime_plugin_vllm")
+    result = prime_cli("config", "show", "--root", "inference", "--format", "json", "--model.name", str(dense_model),
+                       "--data-parallel-size", "4", "--tensor-parallel-size", "4", "--data-parallel-size-local", "2",
+                       "--data-parallel-address", "10.0.0.1", "--data-parallel-rpc-port", "13345",
+                       "--data-parallel-start-rank", "2", "--headless")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["parallel"] == {"tp": 4, "dp": 2}
+    for key in ("data_parallel_address", "data_parallel_start_rank", "headless"):
+        assert f"warning: {key} = " in result.stderr and "no vLLM data-parallel group spans nodes" in result.stderr
+    alone = prime_cli("config", "show", "--root", "inference", "--format", "json", "--model.name", str(dense_model),
+                      "--data-parallel-size", "3")
+    assert json.loads(alone.stdout)["parallel"] == {"tp": 1, "dp": 3}
+    key = prime_cli("config", "validate", "--root", "inference", "--model.name", str(dense_model), "--api-key", "k")
+    assert key.exit_code == 2 and "api_key" in key.output and "server.api_key_var" in key.output
+
+
 def test_checkpoint_keys(prime_cli, dense_model, tmp_path):
     config = write(tmp_path / "rl.toml", base(dense_model) + """
 [ckpt]

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from prime_core.config.base import Noted, Section
+
+_NODES = ("prime's inference nodes each run their own inference.parallel.dp replicas (deployment.num_nodes): "
+          "no vLLM data-parallel group spans nodes")
 
 # (key, vLLM option): passed when set (not None, not False).
 PASSED = (("api_server_count", "api_server_count"), ("enable_prefix_caching", "enable_prefix_caching"),
@@ -54,7 +57,8 @@ class VLLMServerKeys(Section):
 
 
 class VLLMKeys(Section):
-    prime_rl_keys: ClassVar[tuple[str, ...]] = ("enable_lora", "max_lora_rank", "max_loras", "vllm_extra")
+    prime_rl_keys: ClassVar[tuple[str, ...]] = ("enable_lora", "max_lora_rank", "max_loras", "vllm_extra",
+                                                "tensor_parallel_size", "data_parallel_size")
 
     api_server_count: int | None = None
     """vLLM API server processes of one replica (``--api-server-count``)."""
@@ -89,6 +93,20 @@ class VLLMKeys(Section):
         "prime runs inference.parallel.dp replicas as separate servers (one per replica)")] = None
     data_parallel_rpc_port: Annotated[int | None, Noted(
         "prime runs inference.parallel.dp replicas as separate servers (one per replica)")] = None
+    data_parallel_address: Annotated[str | None, Noted(_NODES)] = None
+    data_parallel_start_rank: Annotated[int | None, Noted(_NODES)] = None
+    headless: Annotated[bool, Noted(_NODES)] = False
+    api_key: str | None = None
+    """Refused: a secret in a config is written to disk (``server.api_key_var`` names the
+    variable that holds it)."""
+
+    @field_validator("api_key")
+    @classmethod
+    def _no_key_in_config(cls, value: str | None) -> None:
+        if value is not None:
+            raise ValueError("the server's API key is not taken from a config or the command line (it would be "
+                             "written to output_dir/configs/ and shown by --dry-run): export it and set "
+                             "server.api_key_var = 'NAME' (default VLLM_API_KEY) or server.api_key_file")
     enable_fp32_lm_head: Annotated[bool | None, Noted(
         "vLLM computes the LM head in the model's dtype in prime (no fp32 LM-head patch)")] = None
     kv_cache_offload: Annotated[dict[str, Any] | None, Noted(
@@ -98,15 +116,28 @@ class VLLMKeys(Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _prime_rl_lora_keys(cls, data: Any) -> Any:
+    def _prime_rl_keys(cls, data: Any) -> Any:
         """prime-rl's ``enable_lora`` / ``max_lora_rank`` / ``max_loras`` are prime's ``[inference.lora]``,
-        and its ``vllm_extra`` is prime's ``args``."""
+        its ``vllm_extra`` is prime's ``args``, and vLLM's ``tensor_parallel_size`` and data-parallel
+        size (``data_parallel_size_local`` where given: the replicas of this node) are
+        ``parallel.tp`` and ``parallel.dp``."""
         if not isinstance(data, dict):
             return data
-        keys = {"enable_lora", "max_lora_rank", "max_loras", "vllm_extra"} & data.keys()
+        keys = {"enable_lora", "max_lora_rank", "max_loras", "vllm_extra", "tensor_parallel_size",
+                "data_parallel_size", "data_parallel_size_local"} & data.keys()
         if not keys:
             return data
         data = dict(data)
+        if {"tensor_parallel_size", "data_parallel_size", "data_parallel_size_local"} & keys \
+                and isinstance(data.get("parallel", {}), dict):
+            parallel = dict(data.get("parallel") or {})
+            if "tensor_parallel_size" in data:
+                parallel.setdefault("tp", data.pop("tensor_parallel_size"))
+            size = data.pop("data_parallel_size", None)
+            local = data.get("data_parallel_size_local")
+            if local is not None or size is not None:
+                parallel.setdefault("dp", local if local is not None else size)
+            data["parallel"] = parallel
         enable = data.pop("enable_lora", None)
         lora = {}
         if "max_lora_rank" in data:
