@@ -113,6 +113,9 @@ CASES = [
          "trainer.optim.lr (from --trainer.optim.lr): Input should be a valid number"),
     Case("flag-without-value-max-steps", ["run", RL, *OK_MODEL, "--max-steps"], 2, MSG),
     Case("flag-without-value-sft", ["sft", SFT, *OK_MODEL, "--data.path", "{data}", "--optim.lr"], 2, MSG),
+    Case("flag-without-value-path", ["run", RL, "--model.name", "{model}", "--output-dir"], 2,
+         "output_dir (from --output-dir): Input is not a valid path for <class 'pathlib.Path'> (got True): a value "
+         "is needed (an option given without its value?)"),
     Case("clean-and-resume", ["run", RL, *OK_MODEL, "--clean", "--resume"], 2,
          "clean = true and resume = true contradict each other"),
     Case("clean-and-resume-sft", ["sft", SFT, *OK_MODEL, "--data.path", "{data}", "--clean", "--resume"], 2,

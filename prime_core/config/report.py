@@ -90,6 +90,8 @@ def format_validation_error(exc: ValidationError, schema: type[BaseModel], prove
             shown = "" if isinstance(value, dict | list) or kind.startswith("value_error") else f" (got {value!r})"
             if kind in ("int_parsing", "float_parsing") and value in ("true", "false"):
                 shown += ": a number is needed (an option given without its value?)"
+            elif value is True:
+                shown += ": a value is needed (an option given without its value?)"
             found.append((loc, f"{key}{where}", f"{message}{shown}"))
     shared = getattr(schema, "shared_keys", {})
     top = {(loc, what) for loc, _, what in found}
