@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
         config = load_config(_root(root), ctx.args)
         problems = check(config, _root(root))
         if problems:
-            raise ConfigError(problems, source="needs plugins or settings this machine lacks")
+            raise ConfigError(problems)
         typer.echo("config is valid")
 
 
