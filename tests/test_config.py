@@ -243,6 +243,16 @@ def test_inference_replicas_fill_the_inference_gpus(args, dp):
     assert len(config.orchestrator.client.base_url) == dp
 
 
+def test_a_later_file_or_option_may_use_another_name_of_a_key(tmp_path):
+    base = write(tmp_path / "base.toml", "[orchestrator]\nrollouts_per_example = 16\n")
+    over = write(tmp_path / "over.toml", "[orchestrator]\ngroup_size = 8\n")
+    assert load_rl(base, over).orchestrator.rollouts_per_example == 8
+    assert load_rl(base, "--orchestrator.group-size", "4").orchestrator.rollouts_per_example == 4
+    both = write(tmp_path / "both.toml", "[orchestrator]\ngroup_size = 8\nrollouts_per_example = 4\n")
+    with pytest.raises(ConfigError, match="another name of 'rollouts_per_example', which is set too"):
+        load_rl(base, both)  # one file giving both is ambiguous
+
+
 def test_shared_model_propagates_unless_a_role_overrides(tmp_path):
     a = write(tmp_path / "a.toml", '[model]\nname = "org/base"\ntrust_remote_code = false\n[trainer.model]\n'
                                    'impl = "hf"\n[inference.model]\ntrust_remote_code = true\n')

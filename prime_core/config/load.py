@@ -133,16 +133,39 @@ def read_env(environ: Mapping[str, str], top_level_keys: set[str]) -> tuple[dict
 
 
 def merge_into(base: dict[str, Any], top: Mapping[str, Any], source: str, provenance: Provenance,
-               prefix: tuple[str, ...] = ()) -> None:
+               prefix: tuple[str, ...] = (), schema: type[BaseModel] | None = None) -> None:
+    """``top`` over ``base``, recording where each leaf came from. With ``schema``, a key given
+    by another of its names replaces the one set before (``group_size`` in an overlay file over
+    ``rollouts_per_example`` in the base), where two names in one file are refused."""
+    names = _other_names(schema, prefix) if schema is not None else {}
     for key, value in top.items():
         path = (*prefix, key)
+        for other in names.get(key, ()):
+            if other in base and other not in top:
+                del base[other]
+                for old in [p for p in provenance if p[: len(prefix) + 1] == (*prefix, other)]:
+                    del provenance[old]
         if isinstance(value, Mapping) and isinstance(base.get(key), dict):
-            merge_into(base[key], value, source, provenance, path)
+            merge_into(base[key], value, source, provenance, path, schema)
             continue
         base[key] = _plain(value)
         for old in [p for p in provenance if p[: len(path)] == path]:
             del provenance[old]
         _record(base[key], path, source, provenance)
+
+
+def _other_names(schema: type[BaseModel], prefix: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """For the section at ``prefix``: each accepted name of a field -> its field's other names."""
+    from prime_core.config.schema import model_at
+
+    model = model_at(schema, prefix) if prefix else schema
+    groups: dict[str, tuple[str, ...]] = {}
+    for field, info in (model.model_fields.items() if model is not None else ()):
+        names = {field, *getattr(info.validation_alias, "choices", ())}
+        if len(names) > 1:
+            for name in names:
+                groups[str(name)] = tuple(str(n) for n in names - {name})
+    return groups
 
 
 def _record(value: Any, path: tuple[str, ...], source: str, provenance: Provenance) -> None:
@@ -171,18 +194,19 @@ def gather(args: ParsedArgs, schema: type[BaseModel], environ: Mapping[str, str]
         except ConfigError as exc:
             problems.extend(exc.problems)
             continue
-        merge_into(data, _nest(mount, content) if mount else content, str(path), provenance)
+        merge_into(data, _nest(mount, content) if mount else content, str(path), provenance, schema=schema)
     if problems:
         raise ConfigError(problems)
     env, ignored = read_env(environ, set(schema.model_fields))
     merge_into(data, env, "environment", provenance)
     for override in args.overrides:
-        _apply(data, override, provenance)
+        _apply(data, override, provenance, schema)
     return data, provenance, ignored
 
 
-def _apply(data: dict[str, Any], override: Override, provenance: Provenance) -> None:
-    merge_into(data, _nest(override.path, override.value), override.source, provenance)
+def _apply(data: dict[str, Any], override: Override, provenance: Provenance,
+           schema: type[BaseModel] | None = None) -> None:
+    merge_into(data, _nest(override.path, override.value), override.source, provenance, schema=schema)
 
 
 def validate(schema: type[BaseModel], data: dict[str, Any], provenance: Provenance | None = None,
