@@ -82,14 +82,12 @@ def _command(role: str, help_text: str):
             if code:
                 raise typer.Exit(code)
             return
-        if "--dry-run" in ctx.args or "--bench" in ctx.args:
+        if "--dry-run" in ctx.args:
             from prime_core.errors import UsageError
 
-            flag = "--dry-run" if "--dry-run" in ctx.args else "--bench"
-            raise UsageError(f"prime {role} has no {flag}: it runs the role itself",
+            raise UsageError(f"prime {role} has no --dry-run: it runs the role itself",
                              hint=f"`prime config validate --root {role} CONFIG` checks its config; `prime run CONFIG "
-                                  f"{flag}` " + ("writes every role's config and the launch plan, starting nothing"
-                                                 if flag == "--dry-run" else "benchmarks the trainer on fake data"))
+                                  "--dry-run` writes every role's config and the launch plan, starting nothing")
         code = run_role(role, ctx.args)
         if distributed.from_env()[2] > 1:  # a torchrun rank (trainer, sft): see exit_process
             distributed.exit_process(code)
