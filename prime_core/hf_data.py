@@ -49,6 +49,32 @@ def load_rows(name: str, subset: str | None, split: str, *, who: str = "math-env
                                           key=key)) from None
 
 
+def cache_problem(name: str, subset: str | None, split: str, *, who: str, key: str) -> str | None:
+    """Why roles running offline here would fail to load this split of ``name`` (a dataset id
+    not in the local cache, or a subset or split the cache lacks), with ``load_rows``'s message;
+    ``None`` when they will find it, when ``name`` is a local path (read when the role starts), or
+    when the roles may download (``HF_HUB_OFFLINE=0``). Only the cache's metadata is read
+    (``load_dataset_builder``), so a run's checks stay fast on a large cached dataset."""
+    from prime_core.hub import offline
+
+    if Path(name).expanduser().exists() or not offline():
+        return None
+    try:
+        import datasets
+    except ImportError:
+        return None  # the role's load says which package to install
+    if not datasets.config.HF_HUB_OFFLINE:
+        return None  # imported before prime set HF_HUB_OFFLINE: looking would wait on the network
+    shown = f"dataset '{name}' (subset {subset!r}, split {split!r})"
+    try:
+        splits = datasets.load_dataset_builder(name, subset).info.splits
+    except (OSError, ValueError) as exc:
+        return _explain(shown, name, subset, split, exc, local=False, who=who, key=key)
+    if splits and split not in splits:
+        return f"{who}: {shown}: the cached dataset has no split '{split}'; it has {', '.join(splits)}"
+    return None
+
+
 def _split_of(loaded, split: str, shown: str, who: str):
     import datasets
 

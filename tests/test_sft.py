@@ -243,3 +243,24 @@ def test_a_dataset_that_is_not_here_is_named_with_the_fix(tmp_path, monkeypatch)
     assert "data.name: sft: cannot load dataset 'PrimeIntellect/Not-Cached-SFT' (subset 'x', split 'train')" in message
     assert "offline (HF_HUB_OFFLINE=1), from the local cache" in message and "save_to_disk" in message
     assert err.value.exit_code == 2
+
+
+def test_config_validate_names_a_dataset_offline_roles_would_not_find(tiny, tmp_path, monkeypatch, prime_cli):
+    """The same dataset is refused before anything starts (``prime sft`` and ``--dry-run`` run
+    these checks), from the cache's metadata only; a local folder is left to the role."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    datasets.Dataset.from_list([{"messages": [{"role": "user", "content": "1+1"}]}]).save_to_disk(tmp_path / "ds")
+    args = ("config", "validate", "--root", "sft", "--model.name", str(tiny))
+    result = prime_cli(*args, "--data.name", "PrimeIntellect/Not-Cached-SFT", "--data.splits", '["train", "test"]',
+                       env={"HF_HUB_OFFLINE": "1"})
+    out = " ".join(result.output.split())
+    assert result.exit_code == 2, out
+    for split in ("train", "test"):
+        assert (f"data.name: sft: cannot load dataset 'PrimeIntellect/Not-Cached-SFT' (subset None, split '{split}') "
+                "offline (HF_HUB_OFFLINE=1), from the local cache") in out, out
+    assert prime_cli(*args, "--data.name", str(tmp_path / "ds"), env={"HF_HUB_OFFLINE": "1"}).exit_code == 0
+    online = prime_cli(*args, "--data.name", "PrimeIntellect/Not-Cached-SFT", env={"HF_HUB_OFFLINE": "0"})
+    assert "Not-Cached-SFT" not in online.output, "roles that may download are not held to the cache"

@@ -154,6 +154,7 @@ def check(config: BaseModel, root: str, manager: PluginManager | None = None, *,
             problems.append(f"required_plugins: plugin '{name}' is not active{why}{did_you_mean(name, active)}")
     if here:
         problems.extend(hub_problems(config))
+        problems.extend(_sft_dataset_problems(config, root))
     problems.extend(_environment_problems(config, root))
     problems.extend(_data_problems(config, root))
     problems.extend(_degree_problems(config, root, manager))
@@ -181,6 +182,23 @@ def _data_problems(config: BaseModel, root: str) -> list[str]:
     from prime_core.sft.data import file_problems
 
     return file_problems(data.path)
+
+
+def _sft_dataset_problems(config: BaseModel, root: str) -> list[str]:
+    """SFT's ``data.name`` (every subset/split pair) where offline roles would not find it."""
+    data = getattr(config, "data", None) if root == "sft" else None
+    if data is None or data.type != "sft" or getattr(config, "bench", None):
+        return []
+    from prime_core.errors import ConfigError
+    from prime_core.hf_data import cache_problem
+    from prime_core.sft.hf import subsets_and_splits
+
+    try:
+        pairs = subsets_and_splits(data)
+    except ConfigError as exc:
+        return list(exc.problems)
+    found = (cache_problem(data.name, subset, split, who="sft", key="data.name") for subset, split in pairs)
+    return [f"data.name: {problem}" for problem in found if problem]
 
 
 def hub_problems(config: BaseModel) -> list[str]:

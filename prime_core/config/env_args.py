@@ -17,22 +17,32 @@ from prime_core.errors import PrimeError, did_you_mean
 def env_args_problems(config: Any, root: str, manager) -> list[str]:
     """One message per bad argument of every configured environment (unknown environments
     are reported by the ``orchestrator.env[i].id`` check already)."""
-    orchestrator = {"rl": lambda: getattr(config, "orchestrator", None), "orchestrator": lambda: config}.get(root)
-    section = orchestrator() if orchestrator else None
-    if section is None:
+    envs = configured_envs(config, root)
+    if not envs:
         return []
     try:
         entries = manager.registry("environments")
     except PrimeError:
         return []  # two plugins claim one name: reported with the orchestrator.env[i].id check
     problems: list[str] = []
-    for key, envs in (("orchestrator.env", getattr(section, "env", None)),
-                      ("orchestrator.eval.env", getattr(getattr(section, "eval", None), "env", None))):
-        for i, env in enumerate(envs or []):
-            name = manager.resolve("environments", env.id)
-            if name in entries:
-                problems.extend(check_env_args(entries[name].spec, env.args, f"{key}[{i}].args"))
+    for where, env in envs:
+        name = manager.resolve("environments", env.id)
+        if name in entries:
+            problems.extend(check_env_args(entries[name].spec, env.args, f"{where}.args"))
     return problems
+
+
+def configured_envs(config: Any, root: str) -> list[tuple[str, Any]]:
+    """``(where, env)`` for every environment an RL or orchestrator config samples or evaluates,
+    ``where`` its key (``orchestrator.env[0]``, ``orchestrator.eval.env[1]``)."""
+    orchestrator = {"rl": lambda: getattr(config, "orchestrator", None), "orchestrator": lambda: config}.get(root)
+    section = orchestrator() if orchestrator else None
+    if section is None:
+        return []
+    return [(f"{key}[{i}]", env)
+            for key, envs in (("orchestrator.env", getattr(section, "env", None)),
+                              ("orchestrator.eval.env", getattr(getattr(section, "eval", None), "env", None)))
+            for i, env in enumerate(envs or [])]
 
 
 def check_env_args(spec, args: dict[str, Any], where: str) -> list[str]:

@@ -141,6 +141,27 @@ def test_bad_arguments_are_refused_by_config_validate(register_plugin, prime_cli
     assert "orchestrator.env[1].args: min_avg_reward (0.9) must not exceed max_avg_reward (0.1)" in out
 
 
+def test_config_validate_names_a_dataset_offline_roles_would_not_find(register_plugin, prime_cli, offline_cache):
+    """Before anything starts (``prime run`` and ``--dry-run`` run these checks), from the cache's
+    metadata: an id not in the cache, a subset or split the cache lacks; a cached one passes."""
+    register_plugin(plugin, name="math_env")
+    env = [{"id": "math-env", "args": {"dataset_name": "PrimeIntellect/Hendrycks-Math", "dataset_subset": "default"}},
+           {"id": "math-env", "args": {"dataset_name": "PrimeIntellect/Not-Cached"}},
+           {"id": "math_env", "args": {"dataset_split": "test"}}]
+    start = time.monotonic()
+    result = prime_cli("config", "validate", "--orchestrator.env", json.dumps(env), env={"HF_HUB_OFFLINE": "1"})
+    out = " ".join(result.output.split())
+    assert result.exit_code == 2
+    assert "orchestrator.env[0]" not in out, out
+    assert ("orchestrator.env[1].args: math-env: cannot load dataset 'PrimeIntellect/Not-Cached' (subset 'math', "
+            "split 'train') offline (HF_HUB_OFFLINE=1), from the local cache") in out, out
+    assert ("orchestrator.env[2].args: math-env: dataset 'PrimeIntellect/INTELLECT-3-RL' (subset 'math', split "
+            "'test'): the cached dataset has no split 'test'; it has train") in out, out
+    assert time.monotonic() - start < 30
+    online = prime_cli("config", "validate", "--orchestrator.env", json.dumps(env), env={"HF_HUB_OFFLINE": "0"})
+    assert "Not-Cached" not in online.output, "roles that may download are not held to the cache"
+
+
 def test_the_seeds_slurm_config_validates(installed_plugins, prime_cli):
     # HF_HUB_OFFLINE=0: on a cluster the roles download the seed's hub model, not cached here
     result = prime_cli("config", "validate", str(SEEDS / "slurm_dense_hendrycks.toml"), env={"HF_HUB_OFFLINE": "0"})
