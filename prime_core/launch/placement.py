@@ -83,6 +83,27 @@ def assign(requests: list[Request], pool: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def shared_memory_problem(gpus: dict[str, list[str]], inference) -> PrimeError | None:
+    """A GPU named for inference and for another role while ``inference.gpu_memory_utilization``
+    is left at its default (0.9): the server would take nine tenths of that GPU's memory and the
+    other role would run out. Set explicitly, any share is taken as meant (prime-rl's one-GPU
+    example sets 0.5)."""
+    if inference is None or "gpu_memory_utilization" in inference.model_fields_set:
+        return None
+    served = set(gpus.get("inference", []))
+    sharing = {role: sorted(served & set(ids), key=str) for role, ids in gpus.items() if role != "inference"}
+    sharing = {role: ids for role, ids in sharing.items() if ids}
+    if not sharing:
+        return None
+    shared = sorted({d for ids in sharing.values() for d in ids}, key=str)
+    return PrimeError(
+        f"GPU {', '.join(shared)} is named for inference and for {' and '.join(sharing)}, and "
+        f"inference.gpu_memory_utilization is left at its default ({inference.gpu_memory_utilization:g}): the "
+        f"inference server would take that share of the GPU's memory and leave {' and '.join(sharing)} the rest",
+        hint="set the share inference may take, e.g. --inference.gpu-memory-utilization 0.5 (prime-rl's one-GPU "
+             "example), or give the roles GPUs of their own")
+
+
 def replicas(gpus: list[str], tp: int, dp: int) -> list[list[str]]:
     """Split a role's GPUs into ``dp`` replicas of ``tp`` GPUs each (for the placement table)."""
     return [gpus[i * tp:(i + 1) * tp] for i in range(dp)]

@@ -120,10 +120,32 @@ def _placement_rows(config, root: str, gpus: dict[str, list[str]] | None, config
     return rows
 
 
-def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"):
+def _placed_gpus(config, root: str, configs: dict[str, Path]) -> dict[str, list[str]] | None:
+    """Each GPU role's GPUs on a GPU machine (or with CUDA_VISIBLE_DEVICES set); ``None`` on a CPU one."""
     from prime_core.errors import PrimeError
+    from prime_core.launch.placement import assign, shared_memory_problem, visible_gpus
+
+    pool = visible_gpus()
+    if pool is None:
+        return None
+    gpus = assign(_requests(config, root, configs), pool)
+    inference = _inference_section(config, root)
+    shared = shared_memory_problem(gpus, inference) if root == "rl" else None
+    if shared is not None:
+        raise shared
+    if inference is not None and "inference" in gpus:
+        need = inference.parallel.tp * inference.parallel.dp
+        if need > len(gpus["inference"]):
+            key = "deployment.num_infer_gpus" if root == "rl" else "deployment.num_gpus"
+            raise PrimeError(
+                f"inference.parallel.tp × dp = {inference.parallel.tp} × {inference.parallel.dp} = {need} GPUs, "
+                f"but {key} gives inference {len(gpus['inference'])}",
+                hint=f"set {key} = {need}, or lower inference.parallel.dp / tp")
+    return gpus
+
+
+def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"):
     from prime_core.launch.config import trainer_processes
-    from prime_core.launch.placement import assign, visible_gpus
     from prime_core.launch.plan import (
         LaunchPlan,
         RoleProcess,
@@ -137,20 +159,7 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
     _refuse_multi_node(deployment, root)
     output_dir = Path(output_dir)
     logs = output_dir / "logs"
-    requests = _requests(config, root, configs)
-    pool = visible_gpus()
-    gpus = None
-    if pool is not None:  # a GPU machine (or CUDA_VISIBLE_DEVICES set): place every GPU role
-        gpus = assign(requests, pool)
-        inference = _inference_section(config, root)
-        if inference is not None and "inference" in gpus:
-            need = inference.parallel.tp * inference.parallel.dp
-            if need > len(gpus["inference"]):
-                key = "deployment.num_infer_gpus" if root == "rl" else "deployment.num_gpus"
-                raise PrimeError(
-                    f"inference.parallel.tp × dp = {inference.parallel.tp} × {inference.parallel.dp} = {need} GPUs, "
-                    f"but {key} gives inference {len(gpus['inference'])}",
-                    hint=f"set {key} = {need}, or lower inference.parallel.dp / tp")
+    gpus = _placed_gpus(config, root, configs)
     env_vars = dict(getattr(config, "env_vars", {}) or {})
     result = LaunchPlan(launcher="local", output_dir=output_dir,
                         total_steps=getattr(config, "max_steps", None))

@@ -166,6 +166,27 @@ def test_seed_single_gpu_shared_by_both_roles(prime_cli, register_plugin, fake_n
     assert gpus["inference"] == "0" and gpus["trainer"] == "0"
 
 
+def test_a_shared_gpu_with_inference_s_default_memory_share_is_refused(prime_cli, register_plugin, fake_nvidia_smi,
+                                                                      tmp_path):
+    """vLLM's default share (0.9) of a GPU the trainer also uses would leave the trainer a tenth:
+    refused before anything starts, naming the GPU, the roles and the key."""
+    from prime_core.plugins import get_plugin_manager
+
+    fake_nvidia_smi(2)
+    if "local" not in get_plugin_manager().records:
+        register_plugin(plugin, name="local")
+    result = prime_cli("run", "--output-dir", str(tmp_path / "o"), "--trainer-gpu-ids", "0,1", "--inference-gpu-ids",
+                       "1", "--dry-run")
+    out = " ".join(result.output.split())
+    assert result.exit_code != 0 and not (tmp_path / "o" / "configs" / "plan.json").exists()
+    assert ("GPU 1 is named for inference and for trainer, and inference.gpu_memory_utilization is left at its "
+            "default (0.9)") in out, out
+    assert "--inference.gpu-memory-utilization 0.5" in out
+    _, gpus, _ = dry_run(prime_cli, register_plugin, tmp_path / "p", "--trainer-gpu-ids", "0,1",
+                         "--inference-gpu-ids", "1", "--inference.gpu-memory-utilization", "0.9")
+    assert gpus["inference"] == "1", "a share set explicitly is taken as meant"
+
+
 def test_seed_two_runs_side_by_side(prime_cli, register_plugin, tmp_path):
     """Seed 000: two runs on one node, each pinned to half the GPUs, its own port and output_dir."""
     one, gpus_one, _ = dry_run(prime_cli, register_plugin, tmp_path / "exp1", env={"CUDA_VISIBLE_DEVICES": "0,1"})
