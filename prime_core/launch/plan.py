@@ -188,6 +188,32 @@ def plugin_services(config: BaseModel, root: str, configs: dict[str, Path]) -> l
     return sorted((process for answer in answers for process in answer or ()), key=lambda p: p.role)
 
 
+LOOPBACK = {"localhost", "127.0.0.1", "0.0.0.0", "::1", "::"}
+
+
+def stray_client_note(urls: list[str], ports: set[int]) -> str | None:
+    """A note when the orchestrator is pointed at a port of this machine that no server of this
+    run listens on: it would sample from whatever does (another run's server, say) while this
+    run's weights go to its own servers. A note, not a refusal: a proxy of the user's own may
+    sit there."""
+    from urllib.parse import urlsplit
+
+    stray = []
+    for url in urls:
+        try:
+            parts = urlsplit(url)
+            host, port = parts.hostname, parts.port
+        except ValueError:
+            continue  # the orchestrator's client reports a malformed URL
+        if host in LOOPBACK and port is not None and port not in ports:
+            stray.append(url)
+    if not stray:
+        return None
+    return (f"orchestrator.client.base_url {', '.join(stray)} is on this machine, but no server of this run listens "
+            f"there (this run's: port {', '.join(str(p) for p in sorted(ports))}); the orchestrator will sample from "
+            "whatever does, while this run's weight updates go to its own servers. Unset base_url to use them")
+
+
 def replicas_may_fail(config: BaseModel, root: str, count: int) -> bool:
     """Whether an inference replica's process may end without ending the run: several replicas
     in ``prime run`` with ``orchestrator.client.on_replica_failure = "continue"``."""

@@ -152,6 +152,7 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
         plugin_services,
         replicas_may_fail,
         role_command,
+        stray_client_note,
         teacher_process,
     )
 
@@ -168,6 +169,10 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
     after = sum(row["role"].startswith("inference") for row in result.placement)
     result.placement[after:after] = [{"role": p.role, "gpus": "-", "processes": 1, "port": p.port or "-",
                                       "output_dir": str(config.output_dir)} for p in services]
+    if root == "rl" and "inference" in configs:
+        served = {row["port"] for row in result.placement if isinstance(row["port"], int)}
+        note = stray_client_note(list(config.orchestrator.client.base_url), served)
+        result.notes += [note] if note else []
 
     def env_for(role: str) -> dict[str, str]:
         env = dict(env_vars)

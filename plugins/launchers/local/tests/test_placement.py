@@ -187,6 +187,20 @@ def test_a_shared_gpu_with_inference_s_default_memory_share_is_refused(prime_cli
     assert gpus["inference"] == "1", "a share set explicitly is taken as meant"
 
 
+def test_a_client_pointed_at_a_port_no_server_of_the_run_holds_is_noted(prime_cli, register_plugin, tmp_path):
+    """Seed 000's second run with its port moved but the first run's URL kept: it would sample from
+    the first run's server. Noted in the plan; a URL elsewhere (a gateway) or on the run's port is not."""
+    _, _, out = dry_run(prime_cli, register_plugin, tmp_path / "exp2", "--inference.server.port", "8001",
+                        "--orchestrator.client.base-url", "http://localhost:8000/v1")
+    out = " ".join(out.split())
+    assert ("note: orchestrator.client.base_url http://localhost:8000/v1 is on this machine, but no server of this "
+            "run listens there (this run's: port 8001)") in out, out
+    for url in ("http://localhost:8001/v1", "http://gateway:9000/v1"):
+        _, _, out = dry_run(prime_cli, register_plugin, tmp_path / url.split("/")[2].replace(":", "_"),
+                            "--inference.server.port", "8001", "--orchestrator.client.base-url", url)
+        assert "no server of this run listens" not in out, out
+
+
 def test_seed_two_runs_side_by_side(prime_cli, register_plugin, tmp_path):
     """Seed 000: two runs on one node, each pinned to half the GPUs, its own port and output_dir."""
     one, gpus_one, _ = dry_run(prime_cli, register_plugin, tmp_path / "exp1", env={"CUDA_VISIBLE_DEVICES": "0,1"})
