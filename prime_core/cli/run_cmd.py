@@ -119,7 +119,7 @@ def show_plan(plan, console) -> None:
         columns = list(dict.fromkeys(key for row in plan.placement for key in row))
         table = Table(title=f"placement ({plan.launcher} launcher)", title_justify="left")
         for column in columns:
-            table.add_column(column)
+            table.add_column(column, overflow="fold")
         for row in plan.placement:
             table.add_row(*(str(row.get(column, "")) for column in columns))
         console.print(table)
