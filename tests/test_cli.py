@@ -35,6 +35,25 @@ def test_role_commands_validate_their_config_first(prime_cli, plugin_manager, tm
     assert result.exit_code == 2 and "optim.lr" in result.output
 
 
+def test_a_config_command_s_help_says_how_its_arguments_read_and_where_the_keys_are(prime_cli, plugin_manager):
+    for command, root in (("run", "rl"), ("sft", "sft"), ("trainer", "trainer"), ("plan", "rl"), ("eval", "rl")):
+        out = " ".join(prime_cli(command, "--help", env={"COLUMNS": "200"}).output.split())
+        assert f"Usage: prime {command} [CONFIG]... [--KEY VALUE]..." in out, out
+        assert f"`prime config keys --root {root} [PREFIX]`" in out and "TOML or YAML files" in out, out
+    assert "--dry-run writes the resolved configs" in " ".join(prime_cli("run", "--help").output.split())
+
+
+def test_config_keys_lists_each_key_with_its_default_and_what_it_does(prime_cli, plugin_manager):
+    out = prime_cli("config", "keys", "trainer.optim").output.splitlines()
+    assert "trainer.optim.lr = 1e-06" in out and "trainer.optim.betas = [0.9, 0.999]" in out, out
+    assert out[out.index("trainer.optim.max_norm = 1.0") + 1] == "    Gradient-norm clipping; off when unset.", out
+    assert all(line.startswith(("trainer.optim.", "    ")) for line in out), out
+    sft = prime_cli("config", "keys", "--root", "sft", "data.name").output
+    assert sft.startswith("data.name = null\n    `type = \"sft\"`: a Hugging Face dataset id"), sft
+    missing = prime_cli("config", "keys", "trainer.optimm")
+    assert missing.exit_code == 2 and "no key of the rl config starts with trainer.optimm" in missing.output
+
+
 def test_config_show_formats(prime_cli, plugin_manager):
     as_json = json.loads(prime_cli("config", "show", "--format", "json", "--max-steps", "3").stdout)
     assert as_json["trainer"]["max_steps"] == 3

@@ -13,6 +13,16 @@ if TYPE_CHECKING:
 
 CONFIG_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 """Click settings of the commands that take config files and ``--key value`` overrides."""
+CONFIG_USAGE = "[CONFIG]... [--KEY VALUE]..."
+
+
+def config_epilog(root: str, switches: str = "") -> str:
+    """What a config-taking command's ``--help`` ends with: how its arguments read, and where
+    every key is listed (the options are the config's keys, too many for the help itself)."""
+    return (f"{switches}CONFIG: TOML or YAML files, later ones winning (`@ FILE` too, as prime-rl writes it). "
+            "--KEY VALUE sets one key (--max-steps 20, --trainer.optim.lr 1e-5; dashes or underscores).\n\n"
+            f"Every key, its default and what it does: `prime config keys --root {root} [PREFIX]`. The config "
+            f"the arguments resolve to: `prime config show --root {root} CONFIG...`.")
 
 
 def print_error(exc: PrimeError) -> None:

@@ -1,4 +1,4 @@
-"""``prime config show|validate``."""
+"""``prime config show|keys|validate``."""
 
 from __future__ import annotations
 
@@ -47,6 +47,20 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"unknown format {fmt!r}: use toml, yaml or json", param_hint="--format")
         typer.echo(render(load_config(_root(root), ctx.args), fmt))
 
+    @config_app.command("keys")
+    def keys(
+        prefixes: list[str] = typer.Argument(None, metavar="PREFIX",
+                                             help="Only the keys under these (trainer.optim, orchestrator.sampling)."),
+        root: str = typer.Option("rl", "--root", help=ROOT_HELP),
+    ) -> None:
+        """Every key of a config (the installed plugins' sections too), its default and what it
+        does; --key.name value (or key = value in a file) sets it."""
+        lines = key_lines(load_config(_root(root), []), prefixes or [])
+        if not lines:
+            raise typer.BadParameter(f"no key of the {root} config starts with {', '.join(prefixes)}",
+                                     param_hint="PREFIX")
+        typer.echo("\n".join(lines))
+
     @config_app.command("validate", context_settings=CONFIG_ARGS)
     def validate(ctx: typer.Context, root: str = typer.Option("rl", "--root", help=ROOT_HELP)) -> None:
         """Check a config: schema, and that installed plugins provide all it selects."""
@@ -58,6 +72,28 @@ def register(app: typer.Typer) -> None:
         if problems:
             raise ConfigError(problems)
         typer.echo("config is valid")
+
+
+def key_lines(config, prefixes: list[str]) -> list[str]:
+    """``key = default`` and the first sentence of what the key does, for every key of ``config``
+    under one of ``prefixes`` (every key when none)."""
+    from pydantic import BaseModel
+
+    from prime_core.config.base import walk_fields
+
+    wanted = [p.replace("-", "_").strip(".") for p in prefixes]
+    lines = []
+    for key, value, info, _ in walk_fields(config):
+        if isinstance(value, BaseModel) or (wanted and not any(key == p or key.startswith(f"{p}.") for p in wanted)):
+            continue
+        dumped = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+        shown = json.dumps([v.model_dump(mode="json") if isinstance(v, BaseModel) else v for v in dumped]
+                           if isinstance(dumped, list) else dumped, default=str)
+        lines.append(f"{key} = {shown}")
+        about = " ".join((info.description or "").split())
+        if about:
+            lines.append(f"    {about.split('. ')[0].rstrip('.').replace('``', '`')}.")
+    return lines
 
 
 def _root(root: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from prime_core.cli.common import CONFIG_ARGS, load_config
+from prime_core.cli.common import CONFIG_ARGS, CONFIG_USAGE, config_epilog, load_config
 
 
 def _launch_plan(config, root: str, manager):
@@ -23,7 +23,11 @@ def _launch_plan(config, root: str, manager):
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("plan", context_settings=CONFIG_ARGS)
+    @app.command("plan", context_settings=CONFIG_ARGS, options_metavar=CONFIG_USAGE, epilog=config_epilog("rl"),
+                 help="Predict the peak memory of each trainer GPU, and whether it fits, before launch.\n\n"
+                      "From CONFIG... and --KEY VALUE overrides, as prime run takes them: parameters, gradients, "
+                      "optimizer state, activations, LM head and buffers, and what is kept in host memory (this "
+                      "machine). Nothing is loaded or started: the model is built on the meta device.")
     def plan_command(
         ctx: typer.Context,
         root: str = typer.Option("rl", "--root", help="Which config: rl (prime run), sft or trainer."),
@@ -34,11 +38,7 @@ def register(app: typer.Typer) -> None:
                                           help="Compare host memory terms with a machine of this size (default: "
                                                "this one)."),
     ) -> None:
-        """Predict the peak memory of each trainer GPU of CONFIG... (files and --key value
-        overrides, as prime run takes them): parameters, gradients, optimizer state,
-        activations, LM head and buffers, and whether it fits the GPUs (and what it keeps in host
-        memory, this machine). Nothing is loaded or
-        started: the model is built on the meta device."""
+        """Predict the peak memory of each trainer GPU, and whether it fits, before launch."""
         from prime_core.errors import ConfigError
         from prime_core.plan import show
         from prime_core.plugins import get_plugin_manager

@@ -11,13 +11,18 @@ from __future__ import annotations
 import typer
 
 from prime_core import distributed
-from prime_core.cli.common import CONFIG_ARGS, load_config
+from prime_core.cli.common import CONFIG_ARGS, CONFIG_USAGE, config_epilog, load_config
 
 ROLE_HELP = {
     "trainer": "Train on the batches the orchestrator writes; publish weights.",
     "orchestrator": "Sample from inference, score, and write training batches.",
     "inference": "Serve the policy (OpenAI-compatible API with weight updates).",
     "sft": "Supervised fine-tuning on a chat dataset (a local JSONL file or a Hugging Face dataset).",
+}
+ROLE_SWITCHES = {
+    "sft": "--dry-run writes the resolved config and the launch plan and starts nothing; --bench times a few steps "
+           "on fake data; --clean deletes output_dir's previous run, --resume continues it; --output-dir DIR.\n\n",
+    "inference": "--dry-run writes the resolved config and the launch plan and starts nothing.\n\n",
 }
 LAUNCHED_ROOTS = ("sft", "inference")
 """Roles that are also roots of a launch (``prime sft``, ``prime inference``)."""
@@ -94,10 +99,11 @@ def _command(role: str, help_text: str):
         if code:
             raise typer.Exit(code)
 
-    command.__doc__ = f"{help_text} CONFIG... are files and --key value overrides."
+    command.__doc__ = f"{help_text} From CONFIG... and --KEY VALUE overrides."
     return command
 
 
 def register(app: typer.Typer) -> None:
     for role, help_text in ROLE_HELP.items():
-        app.command(role, context_settings=CONFIG_ARGS)(_command(role, help_text))
+        app.command(role, context_settings=CONFIG_ARGS, options_metavar=CONFIG_USAGE,
+                    epilog=config_epilog(role, ROLE_SWITCHES.get(role, "")))(_command(role, help_text))
