@@ -108,7 +108,14 @@ def network_env(config, environ=None) -> dict[str, str]:
 def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"):
     from prime_core.errors import PluginError
     from prime_core.launch.placement import Request, assign, visible_gpus
-    from prime_core.launch.plan import LaunchPlan, RoleProcess, plugin_services, replicas_may_fail, role_command
+    from prime_core.launch.plan import (
+        LaunchPlan,
+        RoleProcess,
+        plugin_services,
+        replicas_may_fail,
+        role_command,
+        stray_client_note,
+    )
 
     if root == "inference":
         raise PluginError("the torchrun launcher starts trainers (prime run, prime sft); inference is a server",
@@ -182,6 +189,10 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
             "ranks": f"{first}..{first + nproc - 1} of {nnodes * nproc}" if process.role == role else "-",
             "log": str(process.log),
         })
+    served = {p.port for p in result.processes if p.port}
+    if root == "rl" and served:
+        note = stray_client_note(list(config.orchestrator.client.base_url), served)
+        result.notes += [note] if note else []
     if root == "rl" and rank == 0 and not single and "inference" in configs:
         result.notes.append("multi-node: start the inference servers on their own nodes "
                             f"(prime inference {configs['inference']}) and point orchestrator.client.base_url at them")

@@ -128,6 +128,10 @@ def test_rl_single_node_places_inference_before_the_trainer(torchrun_cli, tmp_pa
     assert gpus == {"inference[0]": "0", "inference[1]": "1", "orchestrator": None, "trainer": "2,3"}
     assert plan["commands"][1].endswith(f"prime inference {out / 'configs' / 'inference_1.json'}")
     assert "--rdzv-endpoint 127.0.0.1:0 --rdzv-id prime --nproc-per-node 2" in plan["commands"][-1]
+    assert plan["notes"] == []  # the orchestrator's URLs follow the replicas' ports
+    stray = torchrun_cli("run", tmp_path / "stray", "--launcher", "torchrun", "--inference.server.port", "8001",
+                         "--orchestrator.client.base-url", "http://127.0.0.1:8000/v1")
+    assert "no server of this run listens there (this run's: port 8001)" in " ".join(stray.output.split())
 
 
 def _free_port() -> int:
