@@ -108,14 +108,7 @@ def network_env(config, environ=None) -> dict[str, str]:
 def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"):
     from prime_core.errors import PluginError
     from prime_core.launch.placement import Request, assign, visible_gpus
-    from prime_core.launch.plan import (
-        LaunchPlan,
-        RoleProcess,
-        plugin_services,
-        replicas_may_fail,
-        role_command,
-        stray_client_note,
-    )
+    from prime_core.launch.plan import LaunchPlan, RoleProcess, plugin_services, replicas_may_fail, role_command
 
     if root == "inference":
         raise PluginError("the torchrun launcher starts trainers (prime run, prime sft); inference is a server",
@@ -191,6 +184,8 @@ def plan(config, *, output_dir: Path, configs: dict[str, Path], root: str = "rl"
         })
     served = {p.port for p in result.processes if p.port}
     if root == "rl" and served:
+        from prime_core.launch.plan import stray_client_note
+
         note = stray_client_note(list(config.orchestrator.client.base_url), served)
         result.notes += [note] if note else []
     if root == "rl" and rank == 0 and not single and "inference" in configs:
