@@ -16,6 +16,12 @@ CONFIG_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 CONFIG_USAGE = "[CONFIG]... [--KEY VALUE]..."
 
 
+def run_switches(bench: str) -> str:
+    """The switches of a command that launches a run (``prime run``, ``prime sft``), for its help."""
+    return (f"--dry-run writes the resolved configs and the launch plan and starts nothing; --bench {bench}; "
+            "--clean deletes output_dir's previous run, --resume continues it; --output-dir DIR.\n\n")
+
+
 def config_epilog(root: str, switches: str = "") -> str:
     """What a config-taking command's ``--help`` ends with: how its arguments read, and where
     every key is listed (the options are the config's keys, too many for the help itself)."""

@@ -86,9 +86,8 @@ def key_lines(config, prefixes: list[str]) -> list[str]:
     for key, value, info, _ in walk_fields(config):
         if isinstance(value, BaseModel) or (wanted and not any(key == p or key.startswith(f"{p}.") for p in wanted)):
             continue
-        dumped = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
-        shown = json.dumps([v.model_dump(mode="json") if isinstance(v, BaseModel) else v for v in dumped]
-                           if isinstance(dumped, list) else dumped, default=str)
+        shown = json.dumps([v.model_dump(mode="json") if isinstance(v, BaseModel) else v for v in value]
+                           if isinstance(value, list) else value, default=str)
         lines.append(f"{key} = {shown}")
         about = " ".join((info.description or "").split())
         if about:

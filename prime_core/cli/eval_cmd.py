@@ -14,7 +14,6 @@ def register(app: typer.Typer) -> None:
                       "the servers at orchestrator.client.base_url are asked. Writes output_dir/eval/results.json; "
                       "--dry-run says what it would evaluate and starts nothing.")
     def eval_command(ctx: typer.Context) -> None:
-        """Evaluate a model on the environments of [orchestrator.eval]."""
         from prime_core.cli.common import load_config
         from prime_core.hub import default_offline
         from prime_core.orchestrator.eval_run import run_standalone

@@ -38,7 +38,6 @@ def register(app: typer.Typer) -> None:
                                           help="Compare host memory terms with a machine of this size (default: "
                                                "this one)."),
     ) -> None:
-        """Predict the peak memory of each trainer GPU, and whether it fits, before launch."""
         from prime_core.errors import ConfigError
         from prime_core.plan import show
         from prime_core.plugins import get_plugin_manager

@@ -11,7 +11,7 @@ from __future__ import annotations
 import typer
 
 from prime_core import distributed
-from prime_core.cli.common import CONFIG_ARGS, CONFIG_USAGE, config_epilog, load_config
+from prime_core.cli.common import CONFIG_ARGS, CONFIG_USAGE, config_epilog, load_config, run_switches
 
 ROLE_HELP = {
     "trainer": "Train on the batches the orchestrator writes; publish weights.",
@@ -20,8 +20,7 @@ ROLE_HELP = {
     "sft": "Supervised fine-tuning on a chat dataset (a local JSONL file or a Hugging Face dataset).",
 }
 ROLE_SWITCHES = {
-    "sft": "--dry-run writes the resolved config and the launch plan and starts nothing; --bench times a few steps "
-           "on fake data; --clean deletes output_dir's previous run, --resume continues it; --output-dir DIR.\n\n",
+    "sft": run_switches("times a few steps on fake data"),
     "inference": "--dry-run writes the resolved config and the launch plan and starts nothing.\n\n",
 }
 LAUNCHED_ROOTS = ("sft", "inference")

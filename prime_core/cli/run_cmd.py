@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from prime_core.cli.common import CONFIG_ARGS, CONFIG_USAGE, config_epilog, load_config, print_warning
+from prime_core.cli.common import CONFIG_ARGS, CONFIG_USAGE, config_epilog, load_config, print_warning, run_switches
 
 
 def launch(root: str, tokens: list[str]) -> int:
@@ -182,12 +182,8 @@ def clean_output_dir(config, root: str) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    switches = ("--dry-run writes the resolved configs and the launch plan and starts nothing; --bench times the "
-                "trainer on fake data; --clean deletes output_dir's previous run, --resume continues it; "
-                "--output-dir DIR.\n\n")
-
     @app.command("run", context_settings=CONFIG_ARGS, options_metavar=CONFIG_USAGE,
-                 epilog=config_epilog("rl", switches))
+                 epilog=config_epilog("rl", run_switches("times the trainer on fake data")))
     def run_command(ctx: typer.Context) -> None:
         """Run the RL stack (inference, orchestrator, trainer) from CONFIG... and --KEY VALUE overrides."""
         code = run(ctx.args)
