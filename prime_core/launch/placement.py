@@ -91,11 +91,10 @@ def shared_memory_problem(gpus: dict[str, list[str]], inference) -> PrimeError |
     if inference is None or "gpu_memory_utilization" in inference.model_fields_set:
         return None
     served = set(gpus.get("inference", []))
-    sharing = {role: sorted(served & set(ids), key=str) for role, ids in gpus.items() if role != "inference"}
-    sharing = {role: ids for role, ids in sharing.items() if ids}
+    sharing = [role for role, ids in gpus.items() if role != "inference" and served & set(ids)]
     if not sharing:
         return None
-    shared = sorted({d for ids in sharing.values() for d in ids}, key=str)
+    shared = sorted(served & {d for role in sharing for d in gpus[role]}, key=str)
     return PrimeError(
         f"GPU {', '.join(shared)} is named for inference and for {' and '.join(sharing)}, and "
         f"inference.gpu_memory_utilization is left at its default ({inference.gpu_memory_utilization:g}): the "

@@ -188,7 +188,8 @@ def plugin_services(config: BaseModel, root: str, configs: dict[str, Path]) -> l
     return sorted((process for answer in answers for process in answer or ()), key=lambda p: p.role)
 
 
-LOOPBACK = {"localhost", "127.0.0.1", "0.0.0.0", "::1", "::"}
+THIS_MACHINE = {"localhost", "127.0.0.1", "0.0.0.0", "::1", "::"}
+"""Hosts in a URL that name this machine (loopback and the wildcard binds)."""
 
 
 def stray_client_note(urls: list[str], ports: set[int]) -> str | None:
@@ -205,7 +206,7 @@ def stray_client_note(urls: list[str], ports: set[int]) -> str | None:
             host, port = parts.hostname, parts.port
         except ValueError:
             continue  # the orchestrator's client reports a malformed URL
-        if host in LOOPBACK and port is not None and port not in ports:
+        if host in THIS_MACHINE and port is not None and port not in ports:
             stray.append(url)
     if not stray:
         return None
