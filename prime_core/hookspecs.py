@@ -339,7 +339,8 @@ def prime_validate_config(config: Any, root: str, here: bool) -> Iterable[str] |
     cluster scheduler's): only then do checks of this machine's hardware apply. An
     implementation may leave out parameters it does not use.
     Return messages of the form ``"key.path: what is wrong and how to fix it"``; the core
-    reports all of them at once (from every plugin) and exits with code 2.
+    reports all of them at once (from every plugin) and exits with code 2, each dotted key a
+    message names followed by the file that set it (``key.path (from rl.toml): ...``).
 
     Example::
 

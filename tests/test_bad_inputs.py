@@ -156,7 +156,7 @@ CASES = [
     Case("lora-rank-above-vllm", ["run", RL, *OK_MODEL, "--trainer.model.lora.rank", "1000"], 2,
          "vLLM serves adapters of rank 512 at most"),
     Case("max-tokens-above-max-model-len", ["run", RL, *OK_MODEL, "--orchestrator.sampling.max-tokens", "300"], 2,
-         "max_tokens = 300 leaves no room for a prompt in inference.model.max_model_len = 256"),
+         f"max_tokens = 300 leaves no room for a prompt in inference.model.max_model_len (from {RL}) = 256"),
     Case("batch-not-whole-groups", ["run", RL, *OK_MODEL, "--orchestrator.batch-size", "10"], 2,
          "must be a multiple of rollouts_per_example"),
     Case("port-out-of-range", ["run", RL, *OK_MODEL, "--inference.server.port", "70000"], 2,

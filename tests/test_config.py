@@ -286,6 +286,35 @@ def test_a_trainer_seq_len_shorter_than_the_orchestrators_is_refused():
     assert load_rl("--seq-len", "512", "--trainer.seq-len", "1024").trainer.seq_len == 1024  # longer is fine
 
 
+def test_a_problem_found_after_the_schema_names_the_file_that_set_its_keys(tmp_path):
+    a = write(tmp_path / "a.toml", "[trainer]\nseq_len = 256\n")
+    b = write(tmp_path / "b.toml", "[orchestrator]\nseq_len = 2048\n")
+    with pytest.raises(ConfigError) as error:
+        load_rl(a, b)
+    assert (f"trainer.seq_len (from {a}) = 256 is shorter than orchestrator.seq_len (from {b}) = 2048, the rows "
+            "it packs") in str(error.value)
+    with pytest.raises(ConfigError) as error:  # an option is in the command as typed
+        load_rl(a, "--orchestrator.seq-len", "2048")
+    assert f"trainer.seq_len (from {a}) = 256 is shorter than orchestrator.seq_len = 2048" in str(error.value)
+
+
+def test_with_sources_names_a_key_s_file_at_its_first_mention():
+    from prime_core.config.report import with_sources
+
+    provenance = {("trainer",): "a.toml", ("trainer", "seq_len"): "a.toml", ("model", "name"): "b.toml",
+                  ("max_steps",): "--max-steps 3", ("orchestrator", "env"): "c.toml"}
+    assert with_sources(["trainer.seq_len = 1: trainer.seq_len again, trainer.lr at its default; "
+                         "trainer.model.name from the shared [model]; examples/cpu/rl.toml, model.safetensors",
+                         "trainer.seq_len in a second problem; trainer.max_steps set by an option",
+                         "orchestrator.env[0].id = 'chess': an item of a list"], provenance) == [
+        "trainer.seq_len (from a.toml) = 1: trainer.seq_len again, trainer.lr at its default; "
+        "trainer.model.name (from b.toml) from the shared [model]; examples/cpu/rl.toml, model.safetensors",
+        "trainer.seq_len in a second problem; trainer.max_steps set by an option",
+        "orchestrator.env[0].id (from c.toml) = 'chess': an item of a list"]
+    already = "trainer.seq_len (from c.toml): as the schema says it"
+    assert with_sources([already], provenance) == [already]
+
+
 def test_role_configs_round_trip(tmp_path):
     from prime_core.launch.plan import write_role_configs
 

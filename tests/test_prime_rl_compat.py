@@ -510,7 +510,7 @@ def test_distillation_mistakes_are_named(prime_cli, dense_model, tmp_path):
         ('[orchestrator.teacher.client]\nbase_url = ["http://localhost:8101/v1"]\n', "the teacher has no model"),
         ('[orchestrator]\ntraining_mode = "opd"\n[orchestrator.teacher.model]\nname = "t"\n',
          "the teacher has no server"),
-        ("[trainer.loss]\nteacher_tau = 0.5\n", "trainer.loss.teacher_tau = 0.5 needs a teacher"),
+        ("[trainer.loss]\nteacher_tau = 0.5\n", "trainer.loss.teacher_tau (from {bad}) = 0.5 needs a teacher"),
         ('[orchestrator.teacher.model]\nname = "t"\n[orchestrator.teacher.client]\nbase_url = "http://h:1/v1"\n',
          "training_mode = 'rl' with trainer.loss.teacher_tau = 0 does not use it"),
         ('[orchestrator]\ntraining_mode = "opd"\n[teacher_inference.server]\nport = 8000\n',
@@ -518,6 +518,7 @@ def test_distillation_mistakes_are_named(prime_cli, dense_model, tmp_path):
     ]:
         config = write(tmp_path / "bad.toml", base(dense_model) + text + '[[orchestrator.env]]\nid = "reverse-text"\n')
         code, said = run(prime_cli, "config", "validate", config)
+        message = message.format(bad=config)  # the file that set the key, as the problem names it
         assert code == 2 and message in said and "Traceback" not in said, (message, said)
 
 

@@ -51,6 +51,13 @@ def load_config(root: str, tokens: list[str], manager: PluginManager | None = No
     ``PRIME_*`` variables come from ``environ`` (this process's environment by default).
     Hugging Face ids resolve as the roles will (``HF_HUB_OFFLINE=1`` unless set): a check of a
     model's config never waits on a network that the run would not use."""
+    return load_config_and_sources(root, tokens, manager, environ=environ)[0]
+
+
+def load_config_and_sources(root: str, tokens: list[str], manager: PluginManager | None = None, *,
+                            environ=None) -> tuple[BaseModel, dict[tuple[str, ...], str]]:
+    """``load_config``, and where each key was set: ``checks.check``'s problems name the file
+    or option to change (``report.with_sources``)."""
     from prime_core.config.cli_args import parse_args
     from prime_core.config.load import load
     from prime_core.config.prime_rl import notes
@@ -58,7 +65,7 @@ def load_config(root: str, tokens: list[str], manager: PluginManager | None = No
 
     default_offline()
 
-    config, _ = load(root, parse_args(tokens), manager=manager or get_plugin_manager(), environ=environ)
+    config, sources = load(root, parse_args(tokens), manager=manager or get_plugin_manager(), environ=environ)
     for line in notes(config):
         print_warning(line)
-    return config
+    return config, sources

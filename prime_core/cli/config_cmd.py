@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from prime_core.cli.common import CONFIG_ARGS, load_config
+from prime_core.cli.common import CONFIG_ARGS, load_config, load_config_and_sources
 
 ROOT_HELP = "Which config: rl (prime run), sft, trainer, orchestrator or inference."
 
@@ -65,12 +65,13 @@ def register(app: typer.Typer) -> None:
     def validate(ctx: typer.Context, root: str = typer.Option("rl", "--root", help=ROOT_HELP)) -> None:
         """Check a config: schema, and that installed plugins provide all it selects."""
         from prime_core.config.checks import check
+        from prime_core.config.report import with_sources
         from prime_core.errors import ConfigError
 
-        config = load_config(_root(root), ctx.args)
+        config, sources = load_config_and_sources(_root(root), ctx.args)
         problems = check(config, _root(root))
         if problems:
-            raise ConfigError(problems)
+            raise ConfigError(with_sources(problems, sources))
         typer.echo("config is valid")
 
 

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import typer
 
-from prime_core.cli.common import CONFIG_ARGS, CONFIG_USAGE, config_epilog, load_config, print_warning, run_switches
+from prime_core.cli.common import (
+    CONFIG_ARGS,
+    CONFIG_USAGE,
+    config_epilog,
+    load_config_and_sources,
+    print_warning,
+    run_switches,
+)
 
 
 def launch(root: str, tokens: list[str]) -> int:
@@ -18,15 +25,16 @@ def launch(root: str, tokens: list[str]) -> int:
     from rich.console import Console
 
     from prime_core.config.checks import check, hub_problems, resolve_launcher
+    from prime_core.config.report import with_sources
     from prime_core.errors import ConfigError, PrimeError
     from prime_core.launch.plan import role_config_paths
     from prime_core.plugins import get_plugin_manager
     from prime_core.run_lock import OutputDirLock, check_output_dir
 
     manager = get_plugin_manager()
-    config = load_config(root, tokens, manager)
+    config, sources = load_config_and_sources(root, tokens, manager)
     dry_run = bool(getattr(config, "dry_run", False))
-    problems = check(config, root, manager, here=False)
+    problems = with_sources(check(config, root, manager, here=False), sources)
     if problems and not dry_run:
         raise ConfigError(problems, source="this run cannot start")
     console = Console(highlight=False)
@@ -49,7 +57,7 @@ def launch(root: str, tokens: list[str]) -> int:
         if not dry_run:
             raise ConfigError(problems, source="this run cannot start")
     if plan is not None and plan.script is None:  # the roles run on this machine, with its model cache
-        here = hub_problems(config)
+        here = with_sources(hub_problems(config), sources)
         if here and not dry_run:
             raise ConfigError(here, source="this run cannot start")
         problems = [*problems, *here]

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from prime_core.config.cli_args import Override, ParsedArgs
-from prime_core.config.report import format_validation_error
+from prime_core.config.report import format_validation_error, with_sources
 from prime_core.errors import ConfigError
 
 ENV_PREFIX = "PRIME"
@@ -182,8 +182,8 @@ def _nest(path: tuple[str, ...], value: Any) -> dict[str, Any]:
 
 
 def gather(args: ParsedArgs, schema: type[BaseModel], environ: Mapping[str, str] | None = None
-           ) -> tuple[dict[str, Any], Provenance, list[str]]:
-    """The merged raw config, where each leaf came from, and ignored environment variables."""
+           ) -> tuple[dict[str, Any], Provenance]:
+    """The merged raw config, and where each leaf came from."""
     environ = os.environ if environ is None else environ
     data: dict[str, Any] = {}
     provenance: Provenance = {}
@@ -197,11 +197,11 @@ def gather(args: ParsedArgs, schema: type[BaseModel], environ: Mapping[str, str]
         merge_into(data, _nest(mount, content) if mount else content, str(path), provenance, schema=schema)
     if problems:
         raise ConfigError(problems)
-    env, ignored = read_env(environ, set(schema.model_fields))
+    env, _ = read_env(environ, set(schema.model_fields))
     merge_into(data, env, "environment", provenance)
     for override in args.overrides:
         _apply(data, override, provenance, schema)
-    return data, provenance, ignored
+    return data, provenance
 
 
 def _apply(data: dict[str, Any], override: Override, provenance: Provenance,
@@ -234,23 +234,22 @@ def validate(schema: type[BaseModel], data: dict[str, Any], provenance: Provenan
 
 
 def load(root: str, args: ParsedArgs, *, manager=None, environ: Mapping[str, str] | None = None
-         ) -> tuple[BaseModel, list[str]]:
-    """Load and validate a config for ``root``; returns it and any ignored env var names."""
+         ) -> tuple[BaseModel, Provenance]:
+    """Load and validate a config for ``root``; returns it and where each key was set (for the
+    problems found later: ``report.with_sources``)."""
     from prime_core.config.checks import schema_for
     from prime_core.launch.config import degree_problems
     from prime_core.plugins import get_plugin_manager
 
     manager = manager or get_plugin_manager()
     schema = schema_for(root, manager)
-    data, provenance, ignored = gather(args, schema, environ)
+    data, provenance = gather(args, schema, environ)
     sources = ", ".join(str(p) for _, p in args.files) or None
     config = validate(schema, data, provenance, source=sources, root=root, manager=manager)
     problems = config.problems() if hasattr(config, "problems") else []
-    if problems:
-        raise ConfigError(problems, source=sources)
     # A knobs-only file (the seeds' snippets) is checked against a deployment once it has one.
-    if "deployment" in config.model_fields_set:
+    if not problems and "deployment" in config.model_fields_set:
         problems = degree_problems(config, root, manager)
-        if problems:
-            raise ConfigError(problems, source=sources)
-    return config, ignored
+    if problems:
+        raise ConfigError(with_sources(problems, provenance), source=sources)
+    return config, provenance

@@ -3,6 +3,7 @@ value came from, what is wrong, and a suggestion."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +47,36 @@ def _source(provenance: dict[tuple[str, ...], str], loc: tuple[Any, ...]) -> str
             return f" (from {provenance[key]})"
         key = key[:-1]
     return ""
+
+
+_KEY = re.compile(r"(?<![\w./-])[a-z_][a-z0-9_]*(?:\[\d+\])*(?:\.[a-z0-9_]+(?:\[\d+\])*)+(?![\w/\[-])")
+"""A dotted key in a problem's text (``trainer.seq_len``, ``orchestrator.env[0].id``), not part of
+a path or a file name."""
+
+
+def _key_source(provenance: dict[tuple[str, ...], str], key: str) -> str | None:
+    path = tuple(key.split("[")[0].split("."))  # an item of a list was set with the list
+    # A role's copy of a shared key (trainer.model.name from [model]) was set where the shared key was.
+    source = provenance.get(path) or provenance.get(path[1:])
+    # An option on the command line is in the command the user typed (and its value in the problem).
+    return None if source is None or source.startswith("--") else source
+
+
+def with_sources(problems: list[str], provenance: dict[tuple[str, ...], str]) -> list[str]:
+    """The problems found after the schema, the first mention of each key followed by the file
+    (or the environment) that set it, as the schema's own errors say it: ``trainer.seq_len (from
+    rl.toml) = 256 is shorter than ...``. Keys at their defaults, or set on the command line,
+    are left as they are."""
+    seen: set[str] = set()
+
+    def annotate(match: re.Match) -> str:
+        key = match.group(0)
+        source = None if key in seen else _key_source(provenance, key)
+        if source is None or match.string.startswith(" (from ", match.end()):
+            return key
+        seen.add(key)
+        return f"{key} (from {source})"
+    return [_KEY.sub(annotate, problem) for problem in problems]
 
 
 def format_validation_error(exc: ValidationError, schema: type[BaseModel], provenance: dict[tuple[str, ...], str],

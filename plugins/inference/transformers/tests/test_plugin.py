@@ -89,16 +89,18 @@ def test_configs_it_cannot_serve_are_refused_with_the_key_and_the_way_out(tmp_pa
     result = prime("config", "validate", str(tmp_path / "bad.toml"), "--trainer.model.lora.rank", "8")
     assert result.returncode == 2, result.stdout + result.stderr
     out = result.stdout + result.stderr
+    bad = f"(from {tmp_path / 'bad.toml'})"  # the file that set the key (an option typed is not named)
     for expected in (
         "inference.lora: the transformers backend serves full weights only, not LoRA adapters",
-        "inference.parallel.tp = 2: the transformers backend has no tensor parallelism",
-        "inference.args.max_num_seqs is a vLLM option the transformers backend does not have: its equivalent is "
-        "inference.args.max_requests_per_batch",
-        "inference.args.enable_prefix_caching is a vLLM option the transformers backend does not have: this "
-        "backend has no prefix caching",
-        "inference.args.bogus: not a continuous-batching option of this transformers (options: ",
-        "inference.args.return_logprobs: set by the transformers backend",
-        "orchestrator.sampling.seed = 3: the transformers backend has no per-request seeds",
+        f"(trainer.model.lora needs inference.backend {bad} = 'vllm')",
+        f"inference.parallel.tp {bad} = 2: the transformers backend has no tensor parallelism",
+        f"inference.args.max_num_seqs {bad} is a vLLM option the transformers backend does not have: its "
+        "equivalent is inference.args.max_requests_per_batch",
+        f"inference.args.enable_prefix_caching {bad} is a vLLM option the transformers backend does not have: "
+        "this backend has no prefix caching",
+        f"inference.args.bogus {bad}: not a continuous-batching option of this transformers (options: ",
+        f"inference.args.return_logprobs {bad}: set by the transformers backend",
+        f"orchestrator.sampling.seed {bad} = 3: the transformers backend has no per-request seeds",
     ):
         assert expected in out, out
     for accepted in ("num_blocks", "allow_block_sharing", "attn_implementation"):
