@@ -56,8 +56,8 @@ def load_config(root: str, tokens: list[str], manager: PluginManager | None = No
 
 def load_config_and_sources(root: str, tokens: list[str], manager: PluginManager | None = None, *,
                             environ=None) -> tuple[BaseModel, dict[tuple[str, ...], str]]:
-    """``load_config``, and where each key was set: ``checks.check``'s problems name the file
-    or option to change (``report.with_sources``)."""
+    """``load_config``, and where each key was set: then ``checks.check``'s problems can name the
+    file to change (``report.with_sources``)."""
     from prime_core.config.cli_args import parse_args
     from prime_core.config.load import load
     from prime_core.config.prime_rl import notes

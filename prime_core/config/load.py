@@ -96,32 +96,21 @@ def config_variables(environ: Mapping[str, str], top_level_keys: set[str]) -> li
 
     prefix = f"{ENV_PREFIX}_"
     return sorted(name for name in environ if name.startswith(prefix) and name not in CONTROL_ENV
-                  and ("__" in name or name[len(prefix):].lower() in top_level_keys))
+                  and ("__" in name[len(prefix):] or name[len(prefix):].lower() in top_level_keys))
 
 
-def read_env(environ: Mapping[str, str], top_level_keys: set[str]) -> tuple[dict[str, Any], list[str]]:
-    """``PRIME_*`` variables as a nested dict, and the names that were ignored.
+def read_env(environ: Mapping[str, str], top_level_keys: set[str]) -> dict[str, Any]:
+    """``PRIME_*`` variables as a nested dict.
 
     A variable without ``__`` whose name is not a top-level key (``PRIME_API_KEY`` of another
     tool, or prime's own ``PRIME_DISABLED_PLUGINS``) is ignored rather than refused.
     """
-    from prime_core.plugins import CONTROL_ENV
-
-    prefix = f"{ENV_PREFIX}_"
-    wanted: dict[str, str] = {}
-    ignored = []
-    for name, value in environ.items():
-        if not name.startswith(prefix) or name in CONTROL_ENV:
-            continue
-        key = name[len(prefix) :]
-        if "__" not in key and key.lower() not in top_level_keys:
-            ignored.append(name)
-            continue
-        wanted[name] = value
     from dynaconf.utils.parse_conf import parse_conf_data
 
+    prefix = f"{ENV_PREFIX}_"
     data: dict[str, Any] = {}
-    for name, value in sorted(wanted.items()):
+    for name in config_variables(environ, top_level_keys):
+        value = environ[name]
         path = tuple(p.lower() for p in name[len(prefix) :].split("__"))
         node = data
         for part in path[:-1]:
@@ -129,7 +118,7 @@ def read_env(environ: Mapping[str, str], top_level_keys: set[str]) -> tuple[dict
                 node[part] = {}
             node = node[part]
         node[path[-1]] = _plain(parse_conf_data(value, tomlfy=True, box_settings={}))
-    return data, ignored
+    return data
 
 
 def merge_into(base: dict[str, Any], top: Mapping[str, Any], source: str, provenance: Provenance,
@@ -197,7 +186,7 @@ def gather(args: ParsedArgs, schema: type[BaseModel], environ: Mapping[str, str]
         merge_into(data, _nest(mount, content) if mount else content, str(path), provenance, schema=schema)
     if problems:
         raise ConfigError(problems)
-    env, _ = read_env(environ, set(schema.model_fields))
+    env = read_env(environ, set(schema.model_fields))
     merge_into(data, env, "environment", provenance)
     for override in args.overrides:
         _apply(data, override, provenance, schema)
