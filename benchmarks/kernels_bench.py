@@ -8,7 +8,7 @@
     python3 benchmarks/kernels_bench.py adamw --out $OUT                       # --launch 4096:4 1024:8: launch shapes
     python3 benchmarks/kernels_bench.py norm --out $OUT                        # --launch 8192:8 4096:4
     python3 benchmarks/kernels_bench.py moe --tokens 8192 --out $OUT           # --profile
-    python3 benchmarks/kernels_bench.py grouped_mm --tokens 8192 --reps 20 --out $OUT   # --autotune
+    python3 benchmarks/kernels_bench.py grouped_mm --tokens 8192 --reps 20 --out $OUT   # --autotune; --deep-gemm
     python3 benchmarks/kernels_bench.py table --out $OUT
 
 ``lm_head``: forward + backward of the LM head at Qwen3's vocabulary (151,936) and hidden size
@@ -61,6 +61,7 @@ size so the script runs on a CPU in seconds (a smoke test of the script, not a m
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from pathlib import Path
@@ -758,6 +759,87 @@ def bench_grouped_mm(args, device) -> list[dict]:
             emit(args, record)
             if args.autotune:
                 records.append(autotuned_grouped_mm(args, case, tokens, a, b, offs, flops, gpu))
+        if args.deep_gemm:
+            records += deep_gemm_grouped(args, tokens, offs, dict(x=x, h=h, dy=dy, dgu=dgu, gate_up=gate_up,
+                                                                  down=down), gate_up_flops, down_flops)
+    return records
+
+
+def deep_gemm_grouped(args, tokens, offs, t: dict, gate_up_flops: float, down_flops: float) -> list[dict]:
+    """DeepGEMM's bf16 grouped GEMMs on the same routing, beside ``torch._grouped_mm``: the
+    forward and input gradients M-grouped (``m_grouped_bf16_gemm_{nt,nn}_contiguous``), the weight
+    gradients K-grouped (``k_grouped_bf16_gemm_tn_contiguous``). Both want every expert's rows to
+    start at a multiple of ``get_mk_alignment_for_contiguous_layout()`` (128 on an H200), so the
+    rows are laid out padded (pad rows zero) in a buffer sized for the worst case, as a dispatcher
+    would have to lay them out: by each row's expert (``m_indices``, -1 for padding) or by each
+    expert's end (``psum``). The K-grouped kernel accumulates into float32 (zeroed first) and
+    takes the groups' sizes from the host; ``+ cast`` adds the bf16 cast a bf16 gradient needs.
+    ``rel_err``: relative Frobenius distance from ``torch._grouped_mm``'s result."""
+    import torch
+
+    try:
+        import deep_gemm
+    except ImportError as error:
+        raise SystemExit(f"grouped_mm --deep-gemm: {error}; build DeepGEMM as benchmarks/deepgemm_build.sh says") \
+            from error
+    experts = t["gate_up"].shape[0]
+    counts = torch.diff(offs, prepend=offs.new_zeros(1)).long()
+    align = deep_gemm.get_mk_alignment_for_contiguous_layout()
+    aligned = (counts + align - 1) // align * align
+    starts = aligned.cumsum(0) - aligned
+    rows = int(offs[-1])
+    size = rows + experts * (align - 1)  # any routing fits: no host read to size it
+    ends = (starts + counts).to(torch.int32)
+    dest = torch.repeat_interleave(starts - (offs.long() - counts), counts) + torch.arange(rows, device=offs.device)
+    by_row = torch.full((size,), -1, dtype=torch.int32, device=offs.device)
+    by_row[dest] = torch.repeat_interleave(torch.arange(experts, device=offs.device, dtype=torch.int32), counts)
+
+    def padded(a):
+        out = a.new_zeros(size, a.shape[1])
+        out[dest] = a
+        return out
+
+    p = {name: padded(t[name]) for name in ("x", "h", "dy", "dgu")}
+    gm = functools.partial(torch._grouped_mm, offs=offs)
+    records = []
+
+    def run(case, path, fn, flops, result=None, reference=None):
+        gpu = gpu_seconds(fn, args.reps)
+        record = {"bench": "grouped_mm", "case": case, "tokens": tokens, "path": path, "alignment": align,
+                  "gpu_ms": gpu * 1e3, "tflops": flops / gpu / 1e12}
+        if reference is not None:
+            fn()
+            record["rel_err"] = ((result().float() - reference.float()).norm() / reference.float().norm()).item()
+        records.append(record)
+        emit(args, record)
+
+    for case, a, w, flops, nt in (("gate_up fwd x @ W.T", "x", "gate_up", gate_up_flops, True),
+                                  ("down fwd h @ W.T", "h", "down", down_flops, True),
+                                  ("gate_up dgrad dgu @ W", "dgu", "gate_up", gate_up_flops, False),
+                                  ("down dgrad dy @ W", "dy", "down", down_flops, False)):
+        weight = t[w]
+        reference = gm(t[a], weight.transpose(1, 2) if nt else weight)
+        d = torch.empty(size, weight.shape[1 if nt else 2], device=weight.device, dtype=torch.bfloat16)
+        call = deep_gemm.m_grouped_bf16_gemm_nt_contiguous if nt else deep_gemm.m_grouped_bf16_gemm_nn_contiguous
+        for layout, grouped, psum in (("m_indices", by_row, False), ("psum", ends, True)):
+            run(case, f"deep_gemm {layout}",
+                lambda call=call, a=p[a], w=weight, d=d, grouped=grouped, psum=psum:
+                    call(a, w, d, grouped, use_psum_layout=psum),
+                flops, lambda d=d: d[dest], reference)
+    ks, used = aligned.tolist(), int(aligned.sum())
+    sizes = aligned.to(torch.int32)
+    for case, g, a, flops in (("down wgrad dy.T @ h -> [E, H, I]", "dy", "h", down_flops),
+                              ("gate_up wgrad dgu.T @ x -> [E, 2I, H]", "dgu", "x", gate_up_flops)):
+        reference = gm(t[g].t(), t[a])
+        c = torch.zeros(experts, t[g].shape[1], t[a].shape[1], device=reference.device, dtype=torch.float32)
+        gs, as_ = p[g][:used].contiguous(), p[a][:used].contiguous()
+
+        def wgrad(c=c, gs=gs, as_=as_):
+            c.zero_()
+            deep_gemm.k_grouped_bf16_gemm_tn_contiguous(gs, as_, c, ks, sizes, c)
+
+        run(case, "deep_gemm float32", wgrad, flops, lambda c=c: c, reference)
+        run(case, "deep_gemm float32 + cast", lambda wgrad=wgrad, c=c: (wgrad(), c.to(torch.bfloat16)), flops)
     return records
 
 
@@ -1002,6 +1084,8 @@ def main() -> int:
     parser.add_argument("--autotune", action="store_true",
                         help="grouped_mm: each case also compiled with Inductor's max-autotune (Triton template "
                              "against ATen), timed on the same routing")
+    parser.add_argument("--deep-gemm", action="store_true",
+                        help="grouped_mm: DeepGEMM's bf16 grouped GEMMs too, on the same routing laid out padded")
     parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("/tmp/prime-kernels"))
