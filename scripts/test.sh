@@ -17,6 +17,9 @@
 # thread, so it takes the cores only when the tests leave them idle: about 4% of run 1, a quarter
 # of run 2 (real vLLM servers answering). Its module runs last in run 2 (marker `last`), and its
 # fixture waits for it (PRIME_TOOL_WARMUP). It is stopped and removed when this script exits.
+# One thread, though the suite ends with about 100 s of that wait on one core: with two (0.50 s a
+# step against 0.76 on an idle machine) it made 9 steps in run 1 and about 3 a minute in run 2,
+# where idle moments seldom come on both cores at once (stop 65), so the wait would have grown.
 # PRIME_TOOL_WARMUP=off: the fixture builds the model itself.
 set -uo pipefail
 cd "$(dirname "$0")/.."
