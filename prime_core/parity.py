@@ -186,8 +186,9 @@ def too_few_gpus(processes: int) -> bool:
 def run(model_dir, out_dir: Path, cases: list[dict], *, processes: int = 1, reference: bool = False,
         save_ckpt: bool = False, load_ckpt: bool = False, timeout: float = 600, cpu: bool = False,
         fresh: bool = False) -> None:
-    """Run ``cases`` in ``processes`` gloo/NCCL processes (torchrun) or as the reference; on the
-    CPU with gloo, GPUs hidden, when ``cpu``.
+    """Run ``cases`` in ``processes`` gloo/NCCL processes (torchrun; where no GPU is visible, ranks
+    forked with torch already imported: ``prime_core.testing.ranks``) or as the reference; on
+    the CPU with gloo, GPUs hidden, when ``cpu``.
 
     One process (the reference, or a checkpoint resumed in one) runs in this process
     (``run_here``) unless GPUs are to be hidden: a fresh interpreter would spend most of its
@@ -195,10 +196,9 @@ def run(model_dir, out_dir: Path, cases: list[dict], *, processes: int = 1, refe
     ``fresh``: a new process all the same (one that sees the environment as it is now, where
     this process imported something under an earlier one)."""
     import os
-    import subprocess
     import sys
 
-    from prime_core.launch.plan import python_command
+    from prime_core.testing import ranks
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -207,14 +207,18 @@ def run(model_dir, out_dir: Path, cases: list[dict], *, processes: int = 1, refe
         return
     spec = out_dir / f"cases-{processes}-{'ref' if reference else 'run'}.json"
     spec.write_text(json.dumps(cases))
-    command = [*python_command(processes), "-m", "prime_core.parity", str(model_dir), str(out_dir), str(spec)]
-    command += [flag for flag, on in (("--reference", reference), ("--save-ckpt", save_ckpt),
-                                      ("--load-ckpt", load_ckpt)) if on]
+    argv = [str(model_dir), str(out_dir), str(spec)]
+    argv += [flag for flag, on in (("--reference", reference), ("--save-ckpt", save_ckpt),
+                                   ("--load-ckpt", load_ckpt)) if on]
     # faulthandler: a rank that crashes in native code prints its Python stack.
     env = {**os.environ, "PYTHONFAULTHANDLER": "1", **({"CUDA_VISIBLE_DEVICES": ""} if cpu else {})}
     for attempt in (1, 2):
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=env)
-        crash = killed_by_signal(done.stderr) if done.returncode and processes > 1 else None
+        done = ranks.launch(processes, "prime_core.parity:main", argv, timeout=timeout, env=env, fresh=fresh,
+                            log_dir=out_dir / f"ranks-{spec.stem}")
+        if done.returncode < 0:  # forked ranks: the signal itself
+            crash = -done.returncode
+        else:
+            crash = killed_by_signal(done.stderr) if done.returncode and processes > 1 else None
         if crash is None or attempt == 2:
             break
         # Gloo on a loaded 2-core machine has segfaulted a rank mid-collective, once in many CI
@@ -222,10 +226,10 @@ def run(model_dir, out_dir: Path, cases: list[dict], *, processes: int = 1, refe
         import warnings
 
         warnings.warn(f"parity run: a rank died of signal {crash}; running it once more. Its log:\n"
-                      f"{done.stderr[-6000:]}", stacklevel=2)
+                      f"{(done.stdout + done.stderr)[-6000:]}", stacklevel=2)
     if done.returncode:
-        sys.stderr.write(done.stdout[-4000:] + done.stderr[-8000:])
-        raise AssertionError(f"parity run failed ({done.returncode}): {' '.join(command)}")
+        sys.stderr.write(done.stdout[-12000:] + done.stderr[-8000:])
+        raise AssertionError(f"parity run failed ({done.returncode}): {' '.join(map(str, done.args))}")
 
 
 def killed_by_signal(torchrun_stderr: str) -> int | None:

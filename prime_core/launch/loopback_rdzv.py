@@ -21,6 +21,23 @@ ARGS = ["--nnodes", "1", "--rdzv-backend", NAME, "--rdzv-endpoint", f"{LOOPBACK}
 """torchrun's flags for a one-node run through this handler (instead of ``--standalone``)."""
 
 
+def loopback_store(timeout: float):
+    """A ``TCPStore`` hosted in this process on a socket bound to 127.0.0.1 (any free port), for
+    ranks to meet at as clients (``TORCHELASTIC_USE_AGENT_STORE``): the store, which owns the
+    socket from then on (closed with it), and its port."""
+    from torch.distributed import TCPStore
+
+    listening = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listening.bind((LOOPBACK, 0))
+    listening.listen(128)
+    port = listening.getsockname()[1]
+    store = TCPStore(LOOPBACK, port, 1, True, datetime.timedelta(seconds=timeout), multi_tenant=True,
+                     master_listen_fd=listening.fileno(), use_libuv=False)
+    listening.detach()
+    return store, port
+
+
 def handler():
     """The ``torchrun.handlers`` entry point: torchrun calls it for the handler's factory."""
     from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo, RendezvousStoreInfo
@@ -30,7 +47,6 @@ def handler():
             self.run_id = run_id
             self.timeout = datetime.timedelta(seconds=timeout)
             self._store = None
-            self._socket = None
             self._port = 0
 
         def get_backend(self) -> str:
@@ -41,16 +57,10 @@ def handler():
             return True  # the ranks use this store: no second one is hosted
 
         def next_rendezvous(self):
-            from torch.distributed import PrefixStore, TCPStore
+            from torch.distributed import PrefixStore
 
             if self._store is None:
-                self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                self._socket.bind((LOOPBACK, 0))
-                self._socket.listen(128)
-                self._port = self._socket.getsockname()[1]
-                self._store = TCPStore(LOOPBACK, self._port, 1, True, self.timeout, multi_tenant=True,
-                                       master_listen_fd=self._socket.fileno(), use_libuv=False)
+                self._store, self._port = loopback_store(self.timeout.total_seconds())
             return RendezvousInfo(PrefixStore(self.run_id, self._store), 0, 1,
                                   RendezvousStoreInfo(LOOPBACK, self._port))
 

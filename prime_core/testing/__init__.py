@@ -28,6 +28,10 @@ Helpers: ``config_only_model(folder, **config)`` writes a model folder that pass
 config's model-folder checks (``config.json`` from ``config``, a weights file with no tensors,
 a tokenizer) for tests of what a config or plugin reads from ``config.json``.
 
+``prime_core.testing.ranks.launch(processes, target, argv, timeout=...)``: a script or
+``module:main`` in N gloo ranks, forked with torch and transformers already imported where
+no GPU is visible (torchrun elsewhere): what the parity and contract runs use.
+
 ``prime_core.testing.compiled.python_calls(function, run)``: who called ``function``'s Python
 code while ``run()`` ran; code inside a compiled graph never does (tests that blocks stay compiled).
 

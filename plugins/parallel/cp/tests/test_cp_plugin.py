@@ -31,15 +31,14 @@ CASES = {2: ["ring_f64", "ring_mqa", "ring_apply", "ring_f32", "ring_bf16", "rin
 
 @pytest.fixture(scope="module")
 def distributed_runs(tmp_path_factory):
-    from prime_core.launch.plan import python_command
+    from prime_core.testing.ranks import launch
 
     cache = {}
 
     def results(size: int) -> dict:
         if size not in cache:
             out = tmp_path_factory.mktemp(f"cp{size}") / "results.json"
-            done = subprocess.run([*python_command(size), str(WORKER), str(out)], capture_output=True, text=True,
-                                  timeout=300, check=False)
+            done = launch(size, str(WORKER), [str(out)], timeout=300)
             if done.returncode:
                 sys.stderr.write(done.stdout[-4000:] + done.stderr[-8000:])
                 raise AssertionError(f"{size}-process CP run failed ({done.returncode})")

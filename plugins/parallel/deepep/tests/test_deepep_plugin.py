@@ -14,9 +14,9 @@ import pytest
 import prime_plugin_deepep.plugin as plugin
 from prime_core import PLUGIN_API_VERSION
 from prime_core.errors import PluginError
-from prime_core.launch.plan import python_command
 from prime_core.plugins import PluginManager
 from prime_core.testing import config_only_model
+from prime_core.testing.ranks import launch
 
 pytest_plugins = ["prime_core.testing"]
 
@@ -172,8 +172,7 @@ def test_dispatcher_meets_the_contract_over_a_stand_in_deep_ep(tmp_path, process
     from prime_plugin_ep.contract import TOLERANCE
 
     out = tmp_path / "fake.json"
-    command = [*python_command(processes), str(HERE / "deepep_fake_worker.py"), str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, cwd=HERE)
+    done = launch(processes, str(HERE / "deepep_fake_worker.py"), [str(out)], timeout=300, cwd=HERE)
     assert done.returncode == 0 and out.exists(), done.stdout[-3000:] + done.stderr[-6000:]
     ranks = json.loads(out.read_text())
     assert len(ranks) == processes and not any(r["failures"] for r in ranks)

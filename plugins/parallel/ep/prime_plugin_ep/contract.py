@@ -179,20 +179,16 @@ def check_backend(name: str, group=None, *, num_experts: int = 8, top_k: int = 2
 
 def run_in_processes(name: str, processes: int, out_dir, *, ep: int | None = None, dtype: str = "float32",
                      hidden: int = 16, timeout: float = 300) -> list[dict]:
-    """Run the contract for backend ``name`` in ``processes`` processes (torchrun; gloo on
-    CPUs); returns every rank's results. Raises ``AssertionError`` with the output's tail."""
-    import subprocess
-
-    from prime_core.launch.plan import python_command
+    """Run the contract for backend ``name`` in ``processes`` processes (``prime_core.testing.ranks``:
+    forked, or torchrun where a GPU is visible; gloo on CPUs); returns every rank's results.
+    Raises ``AssertionError`` with the output's tail."""
+    from prime_core.testing.ranks import launch
 
     out = Path(out_dir) / f"contract-{name}-{processes}-{ep or processes}-{dtype}.json"
-    command = [*python_command(processes), "-m", "prime_plugin_ep.contract", name, str(out), "--dtype", dtype,
-               "--hidden", str(hidden)]
-    if ep:
-        command += ["--ep", str(ep)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    argv = [name, str(out), "--dtype", dtype, "--hidden", str(hidden), *(["--ep", str(ep)] if ep else [])]
+    done = launch(processes, "prime_plugin_ep.contract:main", argv, timeout=timeout)
     if done.returncode or not out.exists():
-        raise AssertionError(f"contract run failed ({done.returncode}): {' '.join(command)}\n"
+        raise AssertionError(f"contract run failed ({done.returncode}): {' '.join(map(str, done.args))}\n"
                              + done.stdout[-3000:] + done.stderr[-6000:])
     return json.loads(out.read_text())
 

@@ -3,20 +3,18 @@ output and every gradient match the unsharded model, in 2 gloo processes (one EP
 and in 4 (two EP groups of 2, whose expert gradients are also summed across the groups)."""
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from prime_core.launch.plan import python_command
+from prime_core.testing.ranks import launch
 
 WORKER = Path(__file__).with_name("ep_apply_worker.py")
 
 
 def run_worker(tmp_path, processes: int, ep: int) -> list[dict]:
     out = tmp_path / f"apply-{processes}-{ep}.json"
-    command = [*python_command(processes), str(WORKER), str(out), str(ep)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    done = launch(processes, str(WORKER), [str(out), str(ep)], timeout=300)
     assert done.returncode == 0 and out.exists(), done.stdout[-3000:] + done.stderr[-6000:]
     return json.loads(out.read_text())
 
