@@ -215,7 +215,7 @@ def run(model_dir, out_dir: Path, cases: list[dict], *, processes: int = 1, refe
     for attempt in (1, 2):
         done = ranks.launch(processes, "prime_core.parity:main", argv, timeout=timeout, env=env, fresh=fresh,
                             log_dir=out_dir / f"ranks-{spec.stem}")
-        if done.returncode < 0:  # forked ranks: the signal itself
+        if done.returncode < 0:  # a forked rank's signal (or one that killed torchrun itself)
             crash = -done.returncode
         else:
             crash = killed_by_signal(done.stderr) if done.returncode and processes > 1 else None

@@ -45,7 +45,7 @@ def launch(processes: int, target: str, argv: list[str], *, timeout: float, env:
     """Run ``target`` in ``processes`` ranks: forked (``run_ranks``) where ``available`` and not
     ``fresh``, else under torchrun. ``target`` is a script's path, or ``"package.module:main"``
     (``main(argv)`` returns the exit code; torchrun runs ``python -m package.module``). Returns
-    as ``subprocess.run`` does, the ranks' output in ``stdout`` and ``stderr``; raises
+    as ``subprocess.run`` does (forked ranks: every rank's log in ``stdout``); raises
     ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
     import tempfile
 
@@ -66,7 +66,7 @@ def run_ranks(processes: int, target: str, argv: list[str], *, env: dict[str, st
               log_dir: Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """``target`` (as ``launch`` takes it) in ``processes`` ranks forked from the fork server.
 
-    ``returncode`` is 0 when every rank exited 0, else the first failed rank's code (``-N`` for
+    ``returncode`` is 0 when every rank exited 0, else what ``_wait`` saw fail first (``-N`` for
     a signal); ``stdout`` holds each rank's log (written to ``log_dir``) after a ``[rank N]``
     line. The other ranks are stopped when one fails; ``subprocess.TimeoutExpired`` after
     ``timeout`` seconds, every rank stopped."""
