@@ -6,7 +6,9 @@ every case), medians:
 - ``bf16``: ``F.linear``, the baseline;
 - ``fp8``: the linear as it is (W.T's blocks, then dy's rows, on the side stream);
 - ``fp8_rows_first``: dy's rows before W.T's blocks (stop 60's order);
-- ``fp8_one_stream``: everything on the current stream (``OVERLAP`` off).
+- ``fp8_one_stream``: everything on the current stream (``OVERLAP`` off);
+- ``fp8_weight_cached``: the linear as it is with ``cache_weight=True``, the weight's blocks
+  stored: what a step's micro-batches after its first take (``weight_cache``).
 
 ``--timelines SHAPE ...`` prints each FP8 case's kernels in one replay (stream, start, length,
 grid): where the side stream's launches ran, beside or after dW's GEMM.
@@ -95,8 +97,10 @@ def main() -> int:
     import torch
     import torch.nn.functional as F
 
+    from prime_plugin_fp8 import weight_cache
     from prime_plugin_fp8.linear import fp8_linear
 
+    weight_cache.CACHE.storing = True  # as in a step after one of several passes
     device = torch.device("cuda")
     kb.warm_up(device)
     table = []
@@ -110,8 +114,12 @@ def main() -> int:
 
         def fp8(x=x, w=w, dy=dy):
             fp8_linear(x, w, fp8_wgrad=False).backward(dy)
+
+        def fp8_weight_cached(x=x, w=w, dy=dy):
+            fp8_linear(x, w, fp8_wgrad=False, cache_weight=True).backward(dy)
         cases = {"bf16": lambda x=x, w=w, dy=dy: F.linear(x, w).backward(dy), "fp8": fp8,
-                 "fp8_rows_first": with_grads(fp8, rows_first), "fp8_one_stream": kb.serial(fp8)}
+                 "fp8_rows_first": with_grads(fp8, rows_first), "fp8_one_stream": kb.serial(fp8),
+                 "fp8_weight_cached": fp8_weight_cached}
         replays = {case: kb.graphed(fn, (x, w)) for case, fn in cases.items()}
         rounds = {case: [] for case in cases}
         for _ in range(args.rounds):
@@ -124,7 +132,7 @@ def main() -> int:
                            "x_bf16": median["bf16"] / us, "device": torch.cuda.get_device_name()})
         table.append((spec, median))
         if spec in args.timelines:
-            for case in ("fp8", "fp8_rows_first", "fp8_one_stream"):
+            for case in ("fp8", "fp8_rows_first", "fp8_one_stream", "fp8_weight_cached"):
                 timeline(replays[case], args.out, f"{spec.replace(':', '_')}_{case}")
     print(f"{'shape':12s}" + "".join(f"{case:>24s}" for case in table[0][1]) + "   (median GPU us, x bf16)")
     for spec, median in table:

@@ -9,6 +9,7 @@
 #                                              # linear on deep_gemm eager, compiled and CUDA-graphed beside bf16
 #                                              # (~5.5 min: the build ~80 s, tests with the JIT warm-up ~160 s)
 #   bash benchmarks/kernels_gpu.sh fp8step     # the compiled 1.7B step at 8k, bf16 against FP8 (DeepGEMM if built)
+#   bash benchmarks/kernels_gpu.sh fp8rows     # the same with 4 rows a step: FP8 with and without the weight cache
 #   bash benchmarks/kernels_gpu.sh quant       # the FP8 quantisers' tests compiled, and their launches timed at
 #                                              # M = 8,192 on every block width (kernels_bench.py quant,
 #                                              # quant_rows); QUANT_ONLY=rows: quant_rows alone
@@ -91,6 +92,18 @@ print(" ".join(f"{m}:{l}" for m, s in k.FP8_SHAPES.items() for l in s))')
         --knobs custom_compile custom_fp8_compile custom_fp8_bf16_wgrad_compile --warmup 6 --steps 10 >> "$OUT/fp8step.log" 2>&1 \
         || echo "fp8 step exited $? (log: fp8step.log)"
       python3 benchmarks/trainer_memory.py table --out "$OUT" ;;
+    fp8rows)
+      # A step of 4 rows of 8,192 tokens (4 passes): bf16, FP8 quantising every weight in every
+      # pass, and FP8 with the weight cache (the default: passes 2-4 reuse the first's blocks).
+      deepgemm_on_path || echo "no DeepGEMM: FP8 runs on torch's GEMMs"
+      model=/tmp/qwen3-1.7b-random
+      [ -d $model ] || timeout 120 python3 benchmarks/trainer_memory.py model --model-dir $model --out "$OUT" \
+        > "$OUT/fp8rows.log" 2>&1
+      knobs=${FP8ROWS_KNOBS:-custom_compile custom_fp8_bf16_wgrad_compile custom_fp8_cached_compile}
+      timeout 560 python3 benchmarks/trainer_memory.py knobs --model-dir $model --out "$OUT" --seq-lens 8192 \
+        --samples-per-rank 4 --kind fp8_4rows --knobs $knobs --warmup 4 --steps 8 >> "$OUT/fp8rows.log" 2>&1 \
+        || echo "fp8rows exited $? (log: fp8rows.log)"
+      python3 benchmarks/trainer_memory.py table --out "$OUT" ;;
     quant)
       timeout 200 python3 -m pytest -q -p no:cacheprovider plugins/kernels/fp8/tests/test_triton_quant.py \
         > "$OUT/quant_tests.log" 2>&1; tail -2 "$OUT/quant_tests.log"
@@ -99,7 +112,7 @@ print(" ".join(f"{m}:{l}" for m, s in k.FP8_SHAPES.items() for l in s))')
       timeout 300 python3 benchmarks/kernels_bench.py quant_rows --tokens 8192 --out "$OUT" \
         > "$OUT/quant_rows.log" 2>&1 || { echo "quant_rows bench exited $?"; tail -5 "$OUT/quant_rows.log"; }
       python3 benchmarks/kernels_bench.py table --out "$OUT" ;;
-    *) echo "unknown phase $phase (tests, bench, step, attention, deepgemm, fp8step, quant)"; exit 2 ;;
+    *) echo "unknown phase $phase (tests, bench, step, attention, deepgemm, fp8step, fp8rows, quant)"; exit 2 ;;
   esac
 done
 exit 0

@@ -78,11 +78,15 @@ KNOBS = {
     "custom_ac_chunk_offload": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
                                 "ac": {"freq": 1, "mlp_token_chunk_size": 65536},
                                 "ac_offloading": {"max_inflight_activations": 2, "blocks": 20}, "attn": "torch_fused"},
-    # the weight gradient in FP8 too (the fp8 default until stop 58, which these rows were measured with)
+    # the weight gradient in FP8 too (the fp8 default until stop 58, which these rows were measured with);
+    # both without the weight cache (the default since stop 67), as their rows were measured
     "custom_fp8_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
-                           "quantization": "fp8", "fp8_wgrad": True},
+                           "quantization": "fp8", "fp8_wgrad": True, "fp8_weight_cache": False},
     "custom_fp8_bf16_wgrad_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
-                                      "quantization": "fp8", "fp8_wgrad": False},
+                                      "quantization": "fp8", "fp8_wgrad": False, "fp8_weight_cache": False},
+    # the FP8 defaults: a step of several passes reuses each weight's blocks after its first
+    "custom_fp8_cached_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
+                                  "quantization": "fp8"},
     "custom_ac": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "ac": {"freq": 1}},
     "custom_ac_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "ac": {"freq": 1},
                           "compile": {}},

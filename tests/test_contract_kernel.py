@@ -39,10 +39,10 @@ def lm_head(hidden, weight, targets, temperature=1.0, *, token_chunk, with_entro
     return logsm.gather(1, targets[:, None])[:, 0], -(logsm.exp() * logsm).sum(-1) if with_entropy else None
 
 
-def fp8_emulated(model, *, fp8_wgrad=True):
+def fp8_emulated(model, *, fp8_wgrad=True, cache_weight=False):
     from prime_plugin_fp8.convert import convert
 
-    return convert(model, "emulated", fp8_wgrad=fp8_wgrad)
+    return convert(model, "emulated", fp8_wgrad=fp8_wgrad, cache_weight=cache_weight)
 
 
 CORRECT = {"rmsnorm": rmsnorm, "swiglu": lambda g, u: F.silu(g) * u, "rope": rope, "attention": attention,
@@ -149,6 +149,15 @@ def test_fp8_conversions_that_break_the_contract_fail():
 
     with pytest.raises(ContractError, match="returned 13 but converted 14 modules"):
         check_kernel(kernel("fp8_linear", miscounts), device="cpu")
+
+    def off_when_cached(model, *, fp8_wgrad=True, cache_weight=False):
+        count = fp8_emulated(model, fp8_wgrad=fp8_wgrad, cache_weight=cache_weight)
+        if cache_weight:
+            model.layers[0].q_proj.register_forward_hook(lambda _module, _args, out: out * (1 + 2**-10))
+        return count
+
+    with pytest.raises(ContractError, match="with cache_weight=True the output differs"):
+        check_kernel(kernel("fp8_linear", off_when_cached), device="cpu")
 
 
 def test_availability_checks_that_raise_or_initialise_cuda_fail(monkeypatch):

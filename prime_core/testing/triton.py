@@ -30,13 +30,15 @@ def device() -> str:
 kernel_test = pytest.mark.skipif(not runs_kernels(), reason="run in the interpreter by test_in_the_triton_interpreter")
 
 
-def interpreter_rerun(path: str):
-    """The test that reruns ``path`` under Triton's interpreter (skipped where kernels run)."""
+def interpreter_rerun(path: str, keyword: str | None = None):
+    """The test that reruns ``path`` under Triton's interpreter (skipped where kernels run); only
+    its tests matching ``keyword`` (pytest's ``-k``) where given."""
 
     @pytest.mark.skipif(runs_kernels(), reason="the kernels run in this process")
     def test_in_the_triton_interpreter():
         env = {**os.environ, "TRITON_INTERPRET": "1"}
-        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path],
+        select = ["-k", keyword] if keyword else []
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *select, path],
                                 env=env, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
         assert " passed" in result.stdout

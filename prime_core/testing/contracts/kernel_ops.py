@@ -21,9 +21,11 @@ op              call (caller)
                 ``impl.prepare(packing)``, when present, is called first, once per forward
 ``grouped_mm``  ``impl(x [N, K], w [E, K, M] (any strides), counts [E] int64) -> [N, M]``, rows
                 in groups of ``counts``, group ``e`` times ``w[e]`` (native MoE experts)
-``fp8_linear``  ``impl(model, *, fp8_wgrad=True) -> int``: converts the block linears
-                (``q_proj`` ... ``down_proj``) in place, keeping their Parameters; returns how
-                many (the trainer, ``trainer.model.quantization = "fp8"``)
+``fp8_linear``  ``impl(model, *, fp8_wgrad=True, cache_weight=False) -> int``: converts the
+                block linears (``q_proj`` ... ``down_proj``) in place, keeping their
+                Parameters; returns how many (the trainer, ``trainer.model.quantization =
+                "fp8"``). ``cache_weight``: the linears may reuse a weight's quantisation
+                within an optimizer step (``trainer.model.fp8_weight_cache``); same results
 ``hf_patch``    ``impl(model) -> model | None``: patches a transformers model in place (the
                 ``hf`` model implementation)
 ==============  ===========================================================================
@@ -312,6 +314,13 @@ def check_fp8_linear(impl, *, dtype, device, tolerance=None, seed=0, reference_i
     want_grads = dict(exact.named_parameters())
     grads = {f"grad {name}": _frobenius(p.grad, want_grads[name].grad) for name, p in model.named_parameters()}
     errors.update(_compare("fp8_linear", grads, tolerance or FP8_TOLERANCE["grad"]))
+    cached = copy.deepcopy(original)
+    expect(impl(cached, fp8_wgrad=True, cache_weight=True) == count,
+           "fp8_linear: converting with cache_weight=True gave another count")
+    for _ in range(2):
+        expect(torch.equal(cached(inputs), got_out),
+               "fp8_linear: with cache_weight=True the output differs from the uncached conversion's (a weight's "
+               "quantisation changes no bit)")
     if reference_impl is not None:  # a registered reference backend computes the same FP8 math
         twin = copy.deepcopy(original)
         reference_impl(twin, fp8_wgrad=True)

@@ -27,6 +27,15 @@ class FP8Keys(Section):
     weight-gradient GEMM runs at about 780 TFLOP/s, and its operands' column quantisation costs
     more than it saves), and it adds no FP8 rounding to the weight gradient."""
 
+    fp8_weight_cache: bool = True
+    """With ``quantization = "fp8"`` in one trainer process: quantise each weight into its FP8
+    blocks once a step, in the first forward pass, and reuse them in the step's later passes
+    (micro-batches, and recomputation under activation checkpointing), as Transformer Engine
+    does. It starts in the step after one of several passes and holds a byte a converted weight
+    until the step's last backward pass; a step of one pass stores nothing. Same bits either
+    way. With several processes FSDP gathers the weights anew for every pass, and nothing is
+    kept."""
+
     @model_validator(mode="before")
     @classmethod
     def _fp8_flag(cls, data: Any) -> Any:

@@ -27,11 +27,18 @@ def _target_name(name: str) -> str:
     return parts[-1]
 
 
-def convert(model, backend: str = "auto", *, targets=TARGETS, fp8_wgrad: bool = True) -> int:
-    """Swap the target linears of ``model``'s transformer blocks for ``FP8Linear(backend)``
-    in place; returns how many were swapped (0 when there were none, or all were already)."""
+def convertible(block, names=TARGETS):
+    """``(name, linear)`` for each plain ``nn.Linear`` of ``block`` that ``convert`` swaps."""
     from torch import nn
 
+    return [(name, module) for name, module in block.named_modules()
+            if type(module) is nn.Linear and _target_name(name) in names]
+
+
+def convert(model, backend: str = "auto", *, targets=TARGETS, fp8_wgrad: bool = True,
+            cache_weight: bool = False) -> int:
+    """Swap the target linears of ``model``'s transformer blocks for ``FP8Linear(backend)``
+    in place; returns how many were swapped (0 when there were none, or all were already)."""
     from prime_core.trainer.model import transformer_blocks
     from prime_plugin_fp8.gemm import NAMES
     from prime_plugin_fp8.linear import FP8Linear
@@ -40,11 +47,10 @@ def convert(model, backend: str = "auto", *, targets=TARGETS, fp8_wgrad: bool = 
         raise ValueError(f"unknown FP8 backend {backend!r}: choose one of {', '.join(NAMES)}")
     converted = 0
     for block in transformer_blocks(model):
-        found = [(name, module) for name, module in block.named_modules()
-                 if type(module) is nn.Linear and _target_name(name) in targets]
-        for name, module in found:
+        for name, module in convertible(block, targets):
             parent_name, _, child = name.rpartition(".")
             parent = block.get_submodule(parent_name) if parent_name else block
-            setattr(parent, child, FP8Linear(module, backend=backend, fp8_wgrad=fp8_wgrad))
+            setattr(parent, child, FP8Linear(module, backend=backend, fp8_wgrad=fp8_wgrad, cache_weight=cache_weight))
             converted += 1
     return converted
+

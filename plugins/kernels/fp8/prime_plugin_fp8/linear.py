@@ -23,6 +23,10 @@ one wider GEMM, and the backward's two GEMMs and ``dy``'s quantisation are one e
 group (``FP8Linear.forward_group``; a model calls it through ``project``). The products are
 the same as the separate linears' (the blocks are the same blocks); it needs every weight's
 row count to be a multiple of 128, so that no 128 × 128 block spans two weights.
+
+``cache_weight=True`` takes the forward's weight blocks from ``weight_cache.CACHE``: quantised
+by a step's first forward pass, reused by its later ones while the trainer's hooks keep them
+(see ``weight_cache``). Same blocks, so the same bits.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from torch import nn
 
 from prime_plugin_fp8.gemm import gemm
 from prime_plugin_fp8.quant import BLOCK, quantize_blocks, quantize_rows, quantize_rows_and_columns
+from prime_plugin_fp8.weight_cache import CACHE
 
 
 def _weight_blocks(weights: list[torch.Tensor], transposed: bool):
@@ -66,6 +71,36 @@ def _gemm(a, b, b_block: int, out_dtype: torch.dtype, backend: str) -> torch.Ten
     if torch.compiler.is_compiling():
         return _gemm_op(*a, *b, b_block, out_dtype, backend)
     return gemm(a, b, b_block=b_block, out_dtype=out_dtype, backend=backend)
+
+
+def _forward_blocks(weights: list[torch.Tensor]):
+    return _weight_blocks(weights, False)
+
+
+def _gemm_cached_weight(a, weights, out_dtype: torch.dtype, backend: str) -> torch.Tensor:
+    """``x @ cat(weights).T`` with the weights' blocks from the cache (``weight_cache``)."""
+    return gemm(a, CACHE.blocks(weights, _forward_blocks), b_block=128, out_dtype=out_dtype, backend=backend)
+
+
+# The cache is looked up at run time, inside an operator opaque to torch.compile: a traced
+# lookup would guard on it, and Inductor could plan the cached blocks' memory as its own.
+@torch.library.custom_op("prime_fp8::gemm_cached_weight", mutates_args=())
+def _gemm_cached_op(qa: torch.Tensor, sa: torch.Tensor, weights: list[torch.Tensor], out_dtype: torch.dtype,
+                    backend: str) -> torch.Tensor:
+    return _gemm_cached_weight((qa, sa), weights, out_dtype, backend)
+
+
+@_gemm_cached_op.register_fake
+def _(qa, sa, weights, out_dtype, backend):
+    return qa.new_empty((qa.shape[0], sum(w.shape[0] for w in weights)), dtype=out_dtype)
+
+
+def _forward_gemm(rows, weights, out_dtype: torch.dtype, backend: str, cache_weight: bool) -> torch.Tensor:
+    if not cache_weight:
+        return _gemm(rows, _weight_blocks(weights, False), 128, out_dtype, backend)
+    if torch.compiler.is_compiling():
+        return _gemm_cached_op(*rows, weights, out_dtype, backend)
+    return _gemm_cached_weight(rows, weights, out_dtype, backend)
 
 
 OVERLAP = True
@@ -122,24 +157,28 @@ def _(g, x2, weights, backend, x_dtype, w_dtype):
     return g.new_empty(x2.shape, dtype=x_dtype), g.new_empty((g.shape[1], x2.shape[1]), dtype=w_dtype)
 
 
+_PARAMS = 4
+"""Where ``_FP8Linears.apply``'s weights start: after ``x, backend, fp8_wgrad, cache_weight``."""
+
+
 class _FP8Linears(torch.autograd.Function):
-    """``x @ W_i.T + b_i`` for the group's weights: ``apply(x, backend, fp8_wgrad, *weights,
-    *biases)`` (a bias may be ``None``), one output per weight."""
+    """``x @ W_i.T + b_i`` for the group's weights: ``apply(x, backend, fp8_wgrad, cache_weight,
+    *weights, *biases)`` (a bias may be ``None``), one output per weight."""
 
     @staticmethod
-    def forward(ctx, x, backend: str, fp8_wgrad: bool, *params):
+    def forward(ctx, x, backend: str, fp8_wgrad: bool, cache_weight: bool, *params):
         count = len(params) // 2
         weights, biases = list(params[:count]), params[count:]
         lead, k = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, k)
         needs_x = ctx.needs_input_grad[0]
-        needs_w = any(ctx.needs_input_grad[3 : 3 + count])
+        needs_w = any(ctx.needs_input_grad[_PARAMS : _PARAMS + count])
         xt = xt_scale = None
         if needs_w and fp8_wgrad:
             rows, (xt, xt_scale) = quantize_rows_and_columns(x2)
         else:
             rows = quantize_rows(x2)
-        y = _gemm(rows, _weight_blocks(weights, False), 128, x.dtype, backend)
+        y = _forward_gemm(rows, weights, x.dtype, backend, cache_weight)
         sizes = [w.shape[0] for w in weights]
         outs = y.split(sizes, dim=1) if count > 1 else (y,)
         outs = tuple((o if b is None else o + b.to(o.dtype)).reshape(*lead, o.shape[1])
@@ -158,7 +197,7 @@ class _FP8Linears(torch.autograd.Function):
         # An output the loss did not use comes as zeros (autograd materialises them).
         gs = [g.reshape(-1, n) for g, n in zip(grad_ys, ctx.sizes, strict=True)]
         g = gs[0] if count == 1 else torch.cat(gs, dim=1)
-        needs_x, needs_w = needs[0], any(needs[3 : 3 + count])
+        needs_x, needs_w = needs[0], any(needs[_PARAMS : _PARAMS + count])
         grad_x = grad_w = None
         fp8_w = needs_w and ctx.fp8_wgrad
         if needs_x and needs_w and not fp8_w and g.is_cuda and OVERLAP:
@@ -181,10 +220,10 @@ class _FP8Linears(torch.autograd.Function):
         if grad_x is not None:
             grad_x = grad_x.reshape(ctx.x_shape)
         grad_ws = [None] * count if grad_w is None else list(grad_w.split(ctx.sizes, dim=0))
-        grad_ws = [gw if needs[3 + i] else None for i, gw in enumerate(grad_ws)]
-        grad_bs = [gi.float().sum(0).to(dtype) if dtype is not None and needs[3 + count + i] else None
+        grad_ws = [gw if needs[_PARAMS + i] else None for i, gw in enumerate(grad_ws)]
+        grad_bs = [gi.float().sum(0).to(dtype) if dtype is not None and needs[_PARAMS + count + i] else None
                    for i, (gi, dtype) in enumerate(zip(gs, ctx.b_dtypes, strict=True))]
-        return grad_x, None, None, *grad_ws, *grad_bs
+        return grad_x, None, None, None, *grad_ws, *grad_bs
 
 
 def groupable(rows: list[int]) -> bool:
@@ -194,14 +233,14 @@ def groupable(rows: list[int]) -> bool:
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-               backend: str = "auto", fp8_wgrad: bool = True) -> torch.Tensor:
+               backend: str = "auto", fp8_wgrad: bool = True, cache_weight: bool = False) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` computed in block-scaled FP8 by ``backend`` (``auto``,
     ``deep_gemm``, ``torch``, ``emulated``); ``x [..., K]``, ``weight [N, K]``."""
-    return _FP8Linears.apply(x, backend, fp8_wgrad, weight, bias)
+    return _FP8Linears.apply(x, backend, fp8_wgrad, cache_weight, weight, bias)
 
 
 def fp8_linears(x: torch.Tensor, weights, biases=None, *, backend: str = "auto",
-                fp8_wgrad: bool = True) -> tuple[torch.Tensor, ...]:
+                fp8_wgrad: bool = True, cache_weight: bool = False) -> tuple[torch.Tensor, ...]:
     """``tuple(F.linear(x, w, b) for w, b in zip(weights, biases))`` as one group: ``x``
     quantised once, one GEMM of each kind (see the module docstring). Every weight's row count
     must be a multiple of 128 when there are several."""
@@ -212,26 +251,30 @@ def fp8_linears(x: torch.Tensor, weights, biases=None, *, backend: str = "auto",
     if not groupable([w.shape[0] for w in weights]):
         raise ValueError("fp8_linears: grouped weights need row counts that are multiples of 128, got "
                          f"{[w.shape[0] for w in weights]}")
-    out = _FP8Linears.apply(x, backend, fp8_wgrad, *weights, *biases)
+    out = _FP8Linears.apply(x, backend, fp8_wgrad, cache_weight, *weights, *biases)
     return out if isinstance(out, tuple) else (out,)
 
 
 class FP8Linear(nn.Linear):
     """An ``nn.Linear`` whose matmuls run in FP8. Built from an existing ``nn.Linear`` and
     holding *its* ``weight`` / ``bias`` Parameters (same objects, same names), so optimizers,
-    FSDP, checkpoints and ``isinstance(m, nn.Linear)`` see no difference."""
+    FSDP, checkpoints and ``isinstance(m, nn.Linear)`` see no difference. ``cache_weight``: the
+    forward's weight blocks come from ``weight_cache.CACHE`` (the module docstring)."""
 
-    def __init__(self, linear: nn.Linear, backend: str = "auto", fp8_wgrad: bool = True) -> None:
+    def __init__(self, linear: nn.Linear, backend: str = "auto", fp8_wgrad: bool = True,
+                 cache_weight: bool = False) -> None:
         nn.Module.__init__(self)  # nn.Linear.__init__ would allocate fresh parameters
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.register_parameter("bias", linear.bias)
         self.backend = backend
         self.fp8_wgrad = fp8_wgrad
+        self.cache_weight = cache_weight
         self.train(linear.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp8_linear(x, self.weight, self.bias, backend=self.backend, fp8_wgrad=self.fp8_wgrad)
+        return fp8_linear(x, self.weight, self.bias, backend=self.backend, fp8_wgrad=self.fp8_wgrad,
+                          cache_weight=self.cache_weight)
 
     @staticmethod
     def forward_group(x: torch.Tensor, modules) -> tuple[torch.Tensor, ...] | None:
@@ -241,10 +284,11 @@ class FP8Linear(nn.Linear):
         first = modules[0]
         if not groupable([m.out_features for m in modules]) or any(
                 m.backend != first.backend or m.fp8_wgrad != first.fp8_wgrad or m.weight.dtype != first.weight.dtype
-                or m._forward_hooks or m._forward_pre_hooks for m in modules):
+                or m.cache_weight != first.cache_weight or m._forward_hooks or m._forward_pre_hooks for m in modules):
             return None
         return fp8_linears(x, [m.weight for m in modules], [m.bias for m in modules], backend=first.backend,
-                           fp8_wgrad=first.fp8_wgrad)
+                           fp8_wgrad=first.fp8_wgrad, cache_weight=first.cache_weight)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, fp8={self.backend}" + ("" if self.fp8_wgrad else ", wgrad=high")
+        return (f"{super().extra_repr()}, fp8={self.backend}" + ("" if self.fp8_wgrad else ", wgrad=high")
+                + (", weight cached" if self.cache_weight else ""))

@@ -2,9 +2,9 @@
 the transformer blocks' linear layers.
 
 Registered as ``fp8_linear:auto``, ``fp8_linear:deep_gemm``, ``fp8_linear:torch`` and
-``fp8_linear:emulated``. Each ``impl(model, *, fp8_wgrad=True) -> int`` converts ``model``'s
-block projections in place to FP8 linears running that backend and returns how many it
-converted (``convert.convert``). ``auto`` picks per device at run time (DeepGEMM, else
+``fp8_linear:emulated``. Each ``impl(model, *, fp8_wgrad=True, cache_weight=False) -> int``
+converts ``model``'s block projections in place to FP8 linears running that backend and
+returns how many it converted (``convert.convert``). ``auto`` picks per device at run time (DeepGEMM, else
 ``torch._scaled_mm``; the emulated reference off CUDA). ``trainer.model.quantization = "fp8"``
 turns on the ``fp8`` strategy (``quantization`` slot of the build order), which converts with
 the kernel ``trainer.model.kernels.fp8_linear`` names (``auto`` by default). Importing this
@@ -28,10 +28,10 @@ _DESCRIPTIONS = {
 }
 
 
-def _convert(model, *, backend: str, fp8_wgrad: bool = True) -> int:
+def _convert(model, *, backend: str, fp8_wgrad: bool = True, cache_weight: bool = False) -> int:
     from prime_plugin_fp8.convert import convert
 
-    return convert(model, backend, fp8_wgrad=fp8_wgrad)
+    return convert(model, backend, fp8_wgrad=fp8_wgrad, cache_weight=cache_weight)
 
 
 def _unavailable(name: str) -> str | None:
@@ -55,6 +55,8 @@ def prime_parallel_strategies():
 
 FP8_BYTES = 1 + 4 / 128
 """Bytes a value of a quantised activation: one FP8 byte and a float32 scale per 128."""
+FP8_WEIGHT_BYTES = 1 + 4 / 128**2
+"""Bytes a value of a quantised weight: one FP8 byte and a float32 scale per 128 × 128 block."""
 
 
 def memory(est, config) -> None:
@@ -69,12 +71,18 @@ def memory(est, config) -> None:
     bf16 does). Only one linear's (or group's) transient copies are alive at a
     time: its weights concatenated in their own precision (a group) and quantised, and its
     activations' FP8 copies, bounded by the largest block's weight at compute precision plus a
-    byte, and a byte for the row's widest activation."""
+    byte, and a byte for the row's widest activation. With ``fp8_weight_cache`` in one process,
+    a step of more than two passes adds a byte a converted weight (``weight_cache``)."""
     from prime_core.trainer.model import transformer_blocks
 
     largest = max(est.block_numel(), default=0)
     copies = largest * (1 + est.compute_bytes) + est.tokens * 4 * est.hidden
     est.add_buffer("fp8: quantised copies of one block", copies, ("backward",))
+    if config.fp8_weight_cache and est.processes == 1 and est.rows > 2:
+        # Held until the last pass's backward starts: at the start of every earlier pass's
+        # backward (from the second on, beside the gradients of the passes before it).
+        est.add_buffer("fp8: weight blocks kept through the step's passes", FP8_WEIGHT_BYTES * _converted(est.model),
+                       ("backward",))
     if getattr(config, "lora", None) or not config.fp8_wgrad:
         return
     saved = [(_fp8_inputs(block, ("q_proj", "k_proj", "v_proj", "o_proj")),
@@ -93,6 +101,14 @@ def memory(est, config) -> None:
         block.gpu = sum(parts.values())
 
     est.rules.append(rule)
+
+
+def _converted(model) -> int:
+    """Elements of the weights ``convert`` turns into FP8 linears."""
+    from prime_core.trainer.model import transformer_blocks
+    from prime_plugin_fp8.convert import convertible
+
+    return sum(linear.weight.numel() for block in transformer_blocks(model) for _, linear in convertible(block))
 
 
 def _fp8_inputs(module, names) -> int:

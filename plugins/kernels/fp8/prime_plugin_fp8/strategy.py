@@ -7,14 +7,21 @@ shards. Like LoRA it changes what the model computes, so parity references get i
 from __future__ import annotations
 
 
-def apply(model, *, config, **_):
+def apply(model, *, config, world=None, **_):
     from prime_core.errors import PluginError
     from prime_core.plugins import get_plugin_manager
+    from prime_core.specs import Applied
 
     backend = config.kernels.get("fp8_linear", "auto")
     key = "trainer.model.kernels.fp8_linear" if "fp8_linear" in config.kernels else "trainer.model.quantization"
     spec = get_plugin_manager().select("kernels", f"fp8_linear:{backend}", key=key, shown=backend)
-    if not spec.impl(model, fp8_wgrad=config.fp8_wgrad):
+    cache = config.fp8_weight_cache and (world is None or world.size == 1)
+    if not spec.impl(model, fp8_wgrad=config.fp8_wgrad, cache_weight=cache):
         raise PluginError("trainer.model.quantization = 'fp8': the model has no block linear layers "
                           "(q_proj ... down_proj) to convert", hint="unset trainer.model.quantization")
-    return model
+    if not cache:
+        return model
+    from prime_plugin_fp8.weight_cache import CACHE
+
+    # The trainer says when a step's passes end and its update comes (weight_cache's docstring).
+    return Applied(model, before_backward=CACHE.before_backward, before_step=CACHE.before_step)

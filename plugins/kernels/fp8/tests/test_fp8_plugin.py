@@ -79,11 +79,37 @@ def test_the_strategy_computes_the_weight_gradient_as_configured(manager):
 
     for fp8_wgrad in (True, False):
         keys = schema_for("trainer", manager).model_validate(
-            {"model": {"quantization": "fp8", "fp8_wgrad": fp8_wgrad, "kernels": {"fp8_linear": "emulated"}}}).model
+            {"model": {"quantization": "fp8", "fp8_wgrad": fp8_wgrad, "fp8_weight_cache": False,
+                       "kernels": {"fp8_linear": "emulated"}}}).model
         with torch.device("meta"):
             model = strategy.apply(CausalLM(tiny_config("Qwen3ForCausalLM")), config=keys)
         assert model.model.layers[0].mlp.down_proj.fp8_wgrad is fp8_wgrad
         assert repr(model.model.layers[0].mlp.down_proj).endswith("" if fp8_wgrad else ", wgrad=high)")
+
+
+@pytest.mark.parametrize(("processes", "key", "cached"), [(1, True, True), (1, False, False), (2, True, False)])
+def test_the_strategy_keeps_weight_blocks_in_one_process_and_hands_the_trainer_the_hooks(manager, processes, key,
+                                                                                         cached):
+    from prime_core.distributed import World
+    from prime_core.specs import Applied
+    from prime_plugin_custom.model import CausalLM
+    from prime_plugin_custom.tiny import tiny_config
+    from prime_plugin_fp8 import strategy
+    from prime_plugin_fp8.weight_cache import CACHE
+
+    keys = schema_for("trainer", manager).model_validate(
+        {"model": {"quantization": "fp8", "fp8_weight_cache": key, "kernels": {"fp8_linear": "emulated"}}}).model
+    with torch.device("meta"):
+        model = CausalLM(tiny_config("Qwen3ForCausalLM"))
+    result = strategy.apply(model, config=keys, world=World(size=processes))
+    linears = [m for m in model.modules() if hasattr(m, "cache_weight")]
+    assert len(linears) == 14 and {m.cache_weight for m in linears} == {cached}
+    if cached:
+        assert isinstance(result, Applied) and result.model is model
+        assert (result.before_backward, result.before_step) == (CACHE.before_backward, CACHE.before_step)
+        assert "weight cached" in repr(linears[0])
+    else:
+        assert result is model
 
 
 def test_satisfies_the_quantization_setting(manager, monkeypatch):

@@ -86,3 +86,21 @@ def test_with_the_weight_gradient_in_bf16_the_linears_save_what_bf16_saves(insta
         _saved_activation_bytes(tiny, "custom", fp8=False)
     assert _predicted_activations(*_args(tiny, "--trainer.model.quantization", "fp8")) == \
         _predicted_activations(*_args(tiny)), "the default"
+
+
+def test_the_weight_cache_is_counted_in_one_process_with_more_than_two_passes(installed_plugins, tiny):
+    from prime_core.cli.common import load_config
+    from prime_core.plan import estimate
+    from prime_plugin_fp8.plugin import FP8_WEIGHT_BYTES
+
+    name = "fp8: weight blocks kept through the step's passes"
+    converted = 2 * (128 * 64 + 64 * 64 * 2 + 64 * 128 + 3 * 64 * 128)  # TINY: q, k, v, o, gate, up, down
+
+    def buffers(*extra, processes=1, rows=4):
+        config = load_config("rl", _args(tiny, "--trainer.model.quantization", "fp8", *extra))
+        return estimate(config, "rl", processes=processes, rows=rows).buffers
+
+    assert buffers()[name] == (FP8_WEIGHT_BYTES * converted, ("backward",))
+    assert name not in buffers("--trainer.model.fp8-weight-cache", "false")
+    assert name not in buffers(rows=2)  # the first pass's backward has no gradients beside it
+    assert name not in buffers(processes=2)  # FSDP gathers the weights for every pass
