@@ -36,9 +36,9 @@ import functools
 import torch
 from torch import nn
 
+from prime_plugin_fp8 import weight_cache
 from prime_plugin_fp8.gemm import gemm
 from prime_plugin_fp8.quant import BLOCK, quantize_blocks, quantize_rows, quantize_rows_and_columns
-from prime_plugin_fp8.weight_cache import CACHE
 
 
 def _weight_blocks(weights: list[torch.Tensor], transposed: bool):
@@ -79,7 +79,8 @@ def _forward_blocks(weights: list[torch.Tensor]):
 
 def _gemm_cached_weight(a, weights, out_dtype: torch.dtype, backend: str) -> torch.Tensor:
     """``x @ cat(weights).T`` with the weights' blocks from the cache (``weight_cache``)."""
-    return gemm(a, CACHE.blocks(weights, _forward_blocks), b_block=128, out_dtype=out_dtype, backend=backend)
+    blocks = weight_cache.CACHE.blocks(weights, _forward_blocks)
+    return gemm(a, blocks, b_block=128, out_dtype=out_dtype, backend=backend)
 
 
 # The cache is looked up at run time, inside an operator opaque to torch.compile: a traced

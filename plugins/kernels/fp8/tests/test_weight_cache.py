@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from prime_core.testing.triton import device, interpreter_rerun, kernel_test
-from prime_plugin_fp8 import linear, weight_cache
+from prime_plugin_fp8 import weight_cache
 from prime_plugin_fp8.linear import FP8Linear, fp8_linears
 
 test_in_the_triton_interpreter = interpreter_rerun(__file__, keyword="fused_update")
@@ -24,7 +24,6 @@ test_in_the_triton_interpreter = interpreter_rerun(__file__, keyword="fused_upda
 def cache(monkeypatch):
     fresh = weight_cache.WeightCache()
     monkeypatch.setattr(weight_cache, "CACHE", fresh)
-    monkeypatch.setattr(linear, "CACHE", fresh)
     return fresh
 
 
@@ -152,7 +151,6 @@ def _train(tiny, cached: bool, *, device: str = "cpu", dtype: str = "float32", k
     fresh = weight_cache.WeightCache()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(weight_cache, "CACHE", fresh)
-        patch.setattr(linear, "CACHE", fresh)
         config = section_model("trainer", "model")(name=str(tiny), impl="custom", dtype=dtype,
                                                    optimization_dtype=dtype, pass_tokens=1, compile="none",
                                                    quantization="fp8", fp8_weight_cache=cached,
