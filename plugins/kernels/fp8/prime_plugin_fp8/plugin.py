@@ -4,8 +4,8 @@ the transformer blocks' linear layers.
 Registered as ``fp8_linear:auto``, ``fp8_linear:deep_gemm``, ``fp8_linear:torch`` and
 ``fp8_linear:emulated``. Each ``impl(model, *, fp8_wgrad=True, cache_weight=False) -> int``
 converts ``model``'s block projections in place to FP8 linears running that backend and
-returns how many it converted (``convert.convert``). ``auto`` picks per device at run time (DeepGEMM, else
-``torch._scaled_mm``; the emulated reference off CUDA). ``trainer.model.quantization = "fp8"``
+returns how many it converted (``convert.convert``). ``auto`` picks per device at run time
+(DeepGEMM, else ``torch._scaled_mm``; the emulated reference off CUDA). ``trainer.model.quantization = "fp8"``
 turns on the ``fp8`` strategy (``quantization`` slot of the build order), which converts with
 the kernel ``trainer.model.kernels.fp8_linear`` names (``auto`` by default). Importing this
 module does not import torch.
@@ -74,11 +74,12 @@ def memory(est, config) -> None:
     byte, and a byte for the row's widest activation. With ``fp8_weight_cache`` in one process,
     a step of more than two passes adds a byte a converted weight (``weight_cache``)."""
     from prime_core.trainer.model import transformer_blocks
+    from prime_plugin_fp8.strategy import caches_weights
 
     largest = max(est.block_numel(), default=0)
     copies = largest * (1 + est.compute_bytes) + est.tokens * 4 * est.hidden
     est.add_buffer("fp8: quantised copies of one block", copies, ("backward",))
-    if config.fp8_weight_cache and est.processes == 1 and est.rows > 2:
+    if caches_weights(config, est.processes) and est.rows > 2:
         # Held until the last pass's backward starts: at the start of every earlier pass's
         # backward (from the second on, beside the gradients of the passes before it).
         est.add_buffer("fp8: weight blocks kept through the step's passes", FP8_WEIGHT_BYTES * _converted(est.model),

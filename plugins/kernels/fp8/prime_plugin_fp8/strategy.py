@@ -7,6 +7,12 @@ shards. Like LoRA it changes what the model computes, so parity references get i
 from __future__ import annotations
 
 
+def caches_weights(config, processes: int) -> bool:
+    """Whether the linears keep their weights' blocks across a step's passes (``weight_cache``):
+    ``fp8_weight_cache`` in one process (with several, FSDP gathers the weights for every pass)."""
+    return config.fp8_weight_cache and processes == 1
+
+
 def apply(model, *, config, world=None, **_):
     from prime_core.errors import PluginError
     from prime_core.plugins import get_plugin_manager
@@ -15,7 +21,7 @@ def apply(model, *, config, world=None, **_):
     backend = config.kernels.get("fp8_linear", "auto")
     key = "trainer.model.kernels.fp8_linear" if "fp8_linear" in config.kernels else "trainer.model.quantization"
     spec = get_plugin_manager().select("kernels", f"fp8_linear:{backend}", key=key, shown=backend)
-    cache = config.fp8_weight_cache and (world is None or world.size == 1)
+    cache = caches_weights(config, 1 if world is None else world.size)
     if not spec.impl(model, fp8_wgrad=config.fp8_wgrad, cache_weight=cache):
         raise PluginError("trainer.model.quantization = 'fp8': the model has no block linear layers "
                           "(q_proj ... down_proj) to convert", hint="unset trainer.model.quantization")
