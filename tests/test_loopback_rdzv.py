@@ -22,7 +22,10 @@ WORKER = textwrap.dedent("""
     dist.all_reduce(t)
     os.write(1, f"up {int(t.item())} {os.environ['MASTER_ADDR']}\\n".encode())  # one write: ranks share the pipe
     time.sleep(float(sys.argv[1]))
-    dist.destroy_process_group()
+    from prime_core.distributed import exit_process, shutdown
+
+    shutdown()
+    exit_process(0)  # as a trainer rank ends: gloo's threads can abort a finalising interpreter
 """)
 
 

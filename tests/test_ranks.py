@@ -33,6 +33,10 @@ WORKER = textwrap.dedent("""
         os.kill(os.getpid(), signal.SIGKILL)
     if mode != "ok":
         time.sleep(600)  # rank 0 (and in "hang" every rank) waits until stopped
+    from prime_core.distributed import exit_process, shutdown
+
+    shutdown()
+    exit_process(0)  # as a trainer rank ends: gloo's threads can abort a finalising interpreter
 """)
 
 
