@@ -51,7 +51,10 @@ def _unavailable(module: str, what: str, hint: str, function: str = "flash_attn_
     except Exception as exc:  # noqa: BLE001 - a build for another torch/CUDA fails here, not at find_spec
         return f"{module} is installed but does not import ({type(exc).__name__}: {exc}): {hint}"
     if not hasattr(loaded, function):
-        version = getattr(loaded, "__version__", "?")
+        if getattr(loaded, "__file__", None) is None:  # flash-attn-4 installs flash_attn.cute under a bare namespace
+            return (f"{what} is not installed: {module} here is only a namespace for other packages' modules "
+                    f"(such as flash-attention 4's {module}.cute): {hint}")
+        version = getattr(loaded, "__version__", "(no version)")
         return f"{module} {version} has no {function} (the varlen API of {what}): {hint}"
     return None
 
