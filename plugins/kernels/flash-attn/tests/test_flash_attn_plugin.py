@@ -59,7 +59,9 @@ def fake_module(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
 
     def install(name: str, body: str) -> None:
-        (tmp_path / f"{name}.py").write_text(body)
+        path = tmp_path / f"{name}.py"  # "pkg/sub/__init__" makes a package in a bare namespace
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body)
         importlib.invalidate_caches()
 
     yield install
@@ -229,19 +231,12 @@ def test_flash_attention_1_lacks_the_varlen_api(fake_module, monkeypatch):
     assert plugin.flash_attention_2_unavailable().startswith("flash_attn 1.0.9 has no flash_attn_varlen_func")
 
 
-def test_flash_attention_4_s_namespace_is_not_flash_attention_2(tmp_path, monkeypatch):
+def test_flash_attention_4_s_namespace_is_not_flash_attention_2(fake_module, monkeypatch):
     """flash-attn-4 installs ``flash_attn/cute/`` with no ``flash_attn/__init__.py``: ``flash_attn``
     imports, as a bare namespace."""
-    _forget_flash_modules()
-    (tmp_path / "flash_attn" / "cute").mkdir(parents=True)
-    (tmp_path / "flash_attn" / "cute" / "__init__.py").write_text("")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.invalidate_caches()
+    fake_module("flash_attn/cute/__init__", "")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    try:
-        reason = plugin.flash_attention_2_unavailable()
-    finally:
-        _forget_flash_modules()
+    reason = plugin.flash_attention_2_unavailable()
     assert reason.startswith("flash-attention 2 is not installed: flash_attn here is only a namespace"), reason
     assert "flash_attn.cute" in reason and "pip install flash-attn" in reason
 
