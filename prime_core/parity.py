@@ -4,7 +4,7 @@
 
 runs each case (``{"name": ..., "model": {trainer.model keys}, "optim": {...}}``; the model is
 float32, one row per forward pass (``pass_tokens = 1``), unless the case says otherwise, and
-``impl`` is the core's default unless set) for
+``impl`` is the core's default unless set; the RL trainer's loss, or SFT's with ``"loss": "sft"``) for
 ``steps`` optimizer steps on the same deterministic, variable-length packed batches, and
 writes ``OUT_DIR/<name>.pt`` with the losses, gradient norms and final full weights. Run it
 under torchrun for N processes; ``--reference`` builds the plain model instead (one process,
@@ -85,10 +85,12 @@ def run_case(case: dict, model_dir: str, out_dir: Path, *, reference: bool, save
         progress = ckpt.load(out_dir / case["name"] / "checkpoints" / f"step_{case['ckpt_step']}",
                              policy.model, optimizer)
         first = progress["step"] + 1
+    # SFT's loss (the masked token cross-entropy: no entropy asked of the LM head) where the case says so
+    loss_fn = None if case.get("loss") == "sft" else manager.select("algorithms", "loss:default").fn
     losses, norms = [], []
     for step in range(first, steps + 1):
         sums = train_step(training, batch_for(step, policy.hf_config.vocab_size)["micro_batches"], max_norm=1.0,
-                          loss_fn=manager.select("algorithms", "loss:default").fn)
+                          loss_fn=loss_fn)
         norms.append(sums["grad_norm"])
         losses.append(sums["loss"])
         if save_ckpt and step == case.get("ckpt_step"):
@@ -119,6 +121,11 @@ def layout(model, optimizer) -> dict:
                            "optim_local": sum(v.to_local().numel() if isinstance(v, DTensor) else v.numel()
                                               for k, v in state.items() if k != "step" and hasattr(v, "numel"))}
     return clean_names(found)
+
+
+def distance(state: dict, other: dict) -> float:
+    """The 2-norm of the difference of all weights of two results' ``state``."""
+    return sum(float((value.double() - other[key].double()).pow(2).sum()) for key, value in state.items()) ** 0.5
 
 
 def exact_path(reference: Path) -> Path:

@@ -337,7 +337,7 @@ def test_the_trainer_with_the_fused_update_trains_as_fsdp(model_dir, tmp_path, m
     weights without a master (``plain``: no FSDP, stepped in place) resume unfused the same way."""
     from safetensors.torch import load_file
 
-    from prime_core.parity import run
+    from prime_core.parity import distance, run
 
     if DEVICE == "cuda":
         pytest.skip("tests/test_one_process.py's GPU test covers the compiled trainer")
@@ -369,8 +369,8 @@ def test_the_trainer_with_the_fused_update_trains_as_fsdp(model_dir, tmp_path, m
     # So the runs' distance is measured against how far training moved the weights (0.6% of it
     # after 3 steps); an update computing something else is tens of percent away.
     initial = load_file(model_dir / "model.safetensors")
-    moved = _distance(fsdp["state"], {k: initial.get(k, initial["model.embed_tokens.weight"]) for k in fsdp["state"]})
-    assert _distance(fused["state"], fsdp["state"]) <= 0.03 * moved
+    moved = distance(fsdp["state"], {k: initial.get(k, initial["model.embed_tokens.weight"]) for k in fsdp["state"]})
+    assert distance(fused["state"], fsdp["state"]) <= 0.03 * moved
     # The unfused casts match FSDP bit for bit (test_one_process.py): a difference shows the fused update ran.
     assert any(not torch.equal(value, fsdp["state"][key]) for key, value in fused["state"].items())
     resumed = tmp_path / "resumed"
@@ -395,8 +395,3 @@ def test_the_trainer_with_the_fused_update_trains_as_fsdp(model_dir, tmp_path, m
         assert after["losses"][0] == before["losses"][1], name
         assert abs(after["losses"][1] - before["losses"][2]) <= bound * abs(before["losses"][2]), name
         assert after["layout"] == {} and before["applied"] == ["fsdp"], name  # one_process, not FSDP
-
-
-def _distance(state, other) -> float:
-    """The 2-norm of the difference of all weights."""
-    return sum(float((value.double() - other[key].double()).pow(2).sum()) for key, value in state.items()) ** 0.5

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from prime_core.parity import run
+from prime_core.parity import distance, run
 from prime_core.testing.contracts.parallel_strategy import tiny_model
 
 BF16 = {"dtype": "bfloat16"}
@@ -124,9 +124,4 @@ def test_on_a_gpu_compiled_it_matches_fsdp(model_dir, tmp_path):
     assert "compile" not in eager["applied"]
     for step, (a, b, c) in enumerate(zip(casts["losses"], fsdp["losses"], eager["losses"], strict=True)):
         assert abs(a - b) <= 2 * abs(c - b) + 1e-6 * abs(b), (step, a, b, c)
-    assert _distance(casts["state"], fsdp["state"]) <= 2 * _distance(eager["state"], fsdp["state"])
-
-
-def _distance(state, other) -> float:
-    """The 2-norm of the difference of all weights."""
-    return sum(float((value.double() - other[key].double()).pow(2).sum()) for key, value in state.items()) ** 0.5
+    assert distance(casts["state"], fsdp["state"]) <= 2 * distance(eager["state"], fsdp["state"])
