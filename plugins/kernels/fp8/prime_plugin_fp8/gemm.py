@@ -150,7 +150,12 @@ def _unavailable_on(name: str, device) -> str | None:
 # ---- the GEMMs --------------------------------------------------------------------------
 
 def gemm(a, b, *, b_block: int, out_dtype, backend: str):
-    """``A @ B.T`` (see the module docstring) with ``backend`` (``auto`` allowed)."""
+    """``A @ B.T`` (see the module docstring) with ``backend`` (``auto`` allowed), contiguous.
+
+    Contiguous because the backends compute on operands padded to whole tiles and return the
+    unpadded part, a strided view where N was padded; the custom operators of a compiled graph
+    (``linear``) promise contiguous outputs, and Inductor checks that (a tiny model's 64-wide
+    k_proj failed it on an H200 in stop 70). Whole 128-wide N, as in real models, copy nothing."""
     import torch
 
     qa, qb = a[0], b[0]
@@ -167,8 +172,8 @@ def gemm(a, b, *, b_block: int, out_dtype, backend: str):
     # manager alone costs about as much host time as the rest of this function.
     if torch.is_autocast_enabled(qa.device.type):
         with torch.autocast(qa.device.type, enabled=False):
-            return _IMPLS[name](a, b, b_block=b_block, out_dtype=out_dtype)
-    return _IMPLS[name](a, b, b_block=b_block, out_dtype=out_dtype)
+            return _IMPLS[name](a, b, b_block=b_block, out_dtype=out_dtype).contiguous()
+    return _IMPLS[name](a, b, b_block=b_block, out_dtype=out_dtype).contiguous()
 
 
 def emulated_gemm(a, b, *, b_block: int, out_dtype):

@@ -35,7 +35,8 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``quant.quantize_rows`` in one kernel: ``x [M, K]`` (any float dtype and strides) ->
     ``(q [M, Kp] float8_e4m3fn, scale [M, Kp / 128] float32)``."""
     if torch.compiler.is_compiling():
-        return _rows_op(x)
+        q, scale = _rows_op(x)
+        return q, scales_of(scale, x.shape[0])
     return _rows(x, _direct)
 
 
@@ -54,8 +55,10 @@ def quantize_rows_and_columns(x: torch.Tensor) -> tuple[tuple[torch.Tensor, torc
     input (its forward GEMM, and its weight gradient's along the tokens) and its output's
     gradient (the input gradient's GEMM and the weight gradient's). 128 x 128 tiles, each
     writing its rows' and its columns' blocks."""
-    q, scale, qt, scale_t = (_rows_and_columns_op(x) if torch.compiler.is_compiling()
-                             else _rows_and_columns(x, _direct))
+    if torch.compiler.is_compiling():
+        q, scale, qt, scale_t = _rows_and_columns_op(x)
+        return (q, scales_of(scale, x.shape[0])), (qt, scales_of(scale_t, x.shape[1]))
+    q, scale, qt, scale_t = _rows_and_columns(x, _direct)
     return (q, scale), (qt, scale_t)
 
 
@@ -66,13 +69,25 @@ def _direct(kernel):
 
 
 def row_scales(m: int, blocks: int, device) -> torch.Tensor:
-    """An empty ``[m, blocks]`` float32 tensor for 1 x 128 scales, laid out as the GEMMs read
-    them: along ``m`` first (column-major), each column starting 16-byte aligned. DeepGEMM takes
-    that layout as it is (TMA loads a column of a tile's scales); given row-major scales it
-    transposes them in a kernel of its own before every GEMM. cuBLASLt's blockwise scales are
-    column-major too."""
-    aligned = -(-m // 4) * 4
-    return torch.empty_strided((m, blocks), (1, aligned), dtype=torch.float32, device=device)
+    """An empty ``[blocks, aligned]`` float32 buffer for the 1 x 128 scales of ``m`` rows, laid
+    out as the GEMMs read them: along ``m`` first (column-major), each column starting 16-byte
+    aligned (``aligned`` is ``m`` rounded up to 4). DeepGEMM takes that layout as it is (TMA loads
+    a column of a tile's scales); given row-major scales it transposes them in a kernel of its own
+    before every GEMM. cuBLASLt's blockwise scales are column-major too. The kernels write the
+    buffer (row ``r``'s block ``b`` at ``b * aligned + r``) and ``scales_of`` gives the GEMMs'
+    ``[m, blocks]`` view of it.
+
+    A dense buffer, not an ``empty_strided`` tensor with gaps between its columns: under
+    ``torch.compile`` with a symbolic row count (packed rows of varying length), Inductor did not
+    let a kernel write into the latter in place; it cloned it first, and its decomposition of that
+    clone failed on the symbolic strides (an ``InductorError`` in ``decompose_triton_kernel_
+    wrapper_functional``; seen on an H200 in stop 70 with the tiny parity model)."""
+    return torch.empty(blocks, -(-m // 4) * 4, dtype=torch.float32, device=device)
+
+
+def scales_of(buffer: torch.Tensor, m: int) -> torch.Tensor:
+    """The ``[m, blocks]`` scales (strides ``(1, aligned)``) in a ``row_scales`` buffer."""
+    return buffer.t()[:m]
 
 
 ROWS = {"rows": 32, "blocks": 1, "warps": 4}
@@ -85,6 +100,12 @@ a launch to time, not the default."""
 
 
 def _rows(x, launch, rows=None, blocks=None, warps=None):
+    q, scale = _rows_dense(x, launch, rows, blocks, warps)
+    return q, scales_of(scale, x.shape[0])
+
+
+def _rows_dense(x, launch, rows=None, blocks=None, warps=None):
+    """``_rows`` with the scales' ``row_scales`` buffer as it is (what the operator returns)."""
     from prime_plugin_fp8.quant import FP8, padded
 
     rows, blocks, warps = rows or ROWS["rows"], blocks or ROWS["blocks"], warps or ROWS["warps"]
@@ -94,8 +115,9 @@ def _rows(x, launch, rows=None, blocks=None, warps=None):
     scale = row_scales(m, kp // BLOCK, x.device)
     if m and kp:
         grid = (-(-m // rows), -(-kp // (BLOCK * blocks)))
-        launch(_kernels().rows)[grid](x, x.stride(0), x.stride(1), q, scale, *scale.stride(), m, k, kp, BLOCK=BLOCK,
-                                      ROWS=rows, BLOCKS=blocks, SOFT_ROUND=_interpreted(), num_warps=warps)
+        launch(_kernels().rows)[grid](x, x.stride(0), x.stride(1), q, scale, 1, scale.stride(0), m, k, kp,
+                                      BLOCK=BLOCK, ROWS=rows, BLOCKS=blocks, SOFT_ROUND=_interpreted(),
+                                      num_warps=warps)
     return q, scale
 
 
@@ -126,6 +148,12 @@ not, and sixteen warps were slower."""
 
 
 def _rows_and_columns(x, launch, tiles=None, stages=None, warps=None):
+    q, scale, qt, scale_t = _rows_and_columns_dense(x, launch, tiles, stages, warps)
+    return q, scales_of(scale, x.shape[0]), qt, scales_of(scale_t, x.shape[1])
+
+
+def _rows_and_columns_dense(x, launch, tiles=None, stages=None, warps=None):
+    """``_rows_and_columns`` with the scales' ``row_scales`` buffers as they are."""
     from prime_plugin_fp8.quant import FP8, padded
 
     tiles = tiles or ROWS_AND_COLUMNS["tiles"]
@@ -140,14 +168,14 @@ def _rows_and_columns(x, launch, tiles=None, stages=None, warps=None):
     scale_t = row_scales(k, mp // BLOCK, x.device)
     if m and k:
         launch(_kernels().rows_and_columns)[(mp // BLOCK, -(-kp // (BLOCK * tiles)))](
-            x, x.stride(0), x.stride(1), q, scale, *scale.stride(), qt, scale_t, *scale_t.stride(), m, k, kp, mp,
+            x, x.stride(0), x.stride(1), q, scale, 1, scale.stride(0), qt, scale_t, 1, scale_t.stride(0), m, k, kp, mp,
             BLOCK=BLOCK, SOFT_ROUND=_interpreted(), TILES=tiles, STAGES=stages, num_warps=warps)
     return q, scale, qt, scale_t
 
 
 @triton_op("prime_fp8::quantize_rows", mutates_args=())
 def _rows_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return _rows(x, wrap_triton)
+    return _rows_dense(x, wrap_triton)
 
 
 @triton_op("prime_fp8::quantize_blocks", mutates_args=())
@@ -157,7 +185,7 @@ def _blocks_op(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @triton_op("prime_fp8::quantize_rows_and_columns", mutates_args=())
 def _rows_and_columns_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _rows_and_columns(x, wrap_triton)
+    return _rows_and_columns_dense(x, wrap_triton)
 
 
 def _kernels():

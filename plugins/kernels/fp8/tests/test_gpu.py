@@ -201,3 +201,60 @@ def test_input_grad_beside_weight_grad_has_one_stream_s_bits(compiled, monkeypat
         assert torch.equal(a, b), (a.float() - b.float()).abs().max()
     if compiled:
         assert any("input_grad_beside_weight_grad" in code for code in codes), codes
+
+
+def test_compiled_with_a_symbolic_row_count_the_quantisers_give_eager_s_bits():
+    """Packed rows of varying length make a compiled block's row count symbolic. The quantisers'
+    operators then still compile (their scales were once an ``empty_strided`` tensor that
+    Inductor cloned and failed to: stop 70) and give the eager bits."""
+    from prime_plugin_fp8 import triton_quant
+
+    def quantize(x):
+        return triton_quant.quantize_rows(x), triton_quant.quantize_rows_and_columns(x)
+
+    compiled = torch.compile(quantize, dynamic=True, fullgraph=True)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for m in (90, 37, 256, 1):
+        x = torch.randn(m, 300, device="cuda", generator=g).bfloat16()
+        got, want = compiled(x), quantize(x)
+        for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want), strict=True):
+            assert a.shape == b.shape and a.stride() == b.stride(), (m, a.shape, a.stride(), b.stride())
+            assert torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                               b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b), m
+
+
+def test_checkpointing_fsdp_and_kept_blocks_train_as_plain_fp8(tmp_path):
+    """The FP8 model (bf16 compute, float32 masters, the ``auto`` backend) over three steps of
+    several passes each, so that the weights' blocks are kept from the second step on and the
+    recomputation of a checkpointed block finds them. With activation checkpointing on every
+    block it trains to the same losses and weights as without, bit for bit: eagerly, and under
+    FSDP (asked for with ``reshard_after_forward``). FSDP itself is not the one-process casts' bits
+    on a GPU, for any model (its gathered weights sit elsewhere in memory, and cuBLAS picks kernels
+    by alignment too), only near them. Compiled, checkpointing may round otherwise (the compiler
+    fuses a checkpointed block differently), but by no more than compiling itself does."""
+    from prime_core.parity import distance, run
+    from prime_core.testing.contracts.parallel_strategy import tiny_model
+    from prime_plugin_fp8.weight_cache import CACHE
+
+    fp8 = {"impl": "custom", "dtype": "bfloat16", "quantization": "fp8", "compile": False}
+    ac, fsdp = {"ac": {"freq": 1}}, {"reshard_after_forward": True}
+    compiled = {**fp8, "compile": {}}
+    cases = [{"name": "fp8", "model": fp8}, {"name": "ac", "model": {**fp8, **ac}},
+             {"name": "fsdp", "model": {**fp8, **fsdp}}, {"name": "fsdp_ac", "model": {**fp8, **fsdp, **ac}},
+             {"name": "compiled", "model": compiled}, {"name": "compiled_ac", "model": {**compiled, **ac}}]
+    CACHE.hits = CACHE.misses = 0
+    run(tiny_model(tmp_path / "tiny"), tmp_path, cases)
+    assert CACHE.hits > 0, "no pass found the weights' blocks kept"
+    got = {case["name"]: torch.load(tmp_path / f"{case['name']}.pt", weights_only=False) for case in cases}
+    for name, result in got.items():
+        assert "fp8" in result["applied"] and ("ac" in result["applied"]) == name.endswith("ac"), \
+            (name, result["applied"])
+        assert bool(result["layout"]) == name.startswith("fsdp"), (name, "FSDP in the fsdp cases only")
+    for name, plain in (("ac", "fp8"), ("fsdp_ac", "fsdp")):
+        assert got[name]["losses"] == got[plain]["losses"], (name, got[name]["losses"], got[plain]["losses"])
+        for key, value in got[plain]["state"].items():
+            assert torch.equal(got[name]["state"][key], value), (name, key)
+    for a, b in zip(got["fsdp"]["losses"], got["fp8"]["losses"], strict=True):
+        assert abs(a - b) <= 1e-3 * abs(b), (got["fsdp"]["losses"], got["fp8"]["losses"])
+    compiling = distance(got["compiled"]["state"], got["fp8"]["state"])
+    assert distance(got["compiled_ac"]["state"], got["compiled"]["state"]) <= 2 * compiling, compiling
