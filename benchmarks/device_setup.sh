@@ -16,7 +16,9 @@
 #     torch, transformers, triton and nvidia-* are never installed or upgraded: if one fails a
 #     requirement it is only reported;
 #  3. pip install --no-deps --no-build-isolation -e . -e plugins/*/*;
-#  4. imports every package and lists the prime.plugins entry points.
+#  4. installs the carried kernel libraries of benchmarks/.whl/extras/ (liger-kernel), --no-deps: their
+#     torch and triton are the image's;
+#  5. imports every package and lists the prime.plugins entry points.
 #
 # Where: into python3's own environment when its site-packages is writable (the device runs as root and
 # is thrown away after the session; on the image python3 is the venv /opt/torch/.venv), so a plain
@@ -143,7 +145,16 @@ for d in plugins/*/*/; do [ -f "$d/pyproject.toml" ] && args+=(-e "${d%/}"); don
 PYTHONPATH="$build_site${PYTHONPATH:+:$PYTHONPATH}" \
   "$py" -m pip install -q --no-deps --no-build-isolation "${args[@]}"
 
-# 4. check
+# 4. kernel libraries the plugins import lazily (their GPU tests skip without them)
+shopt -s nullglob
+extras=("$whl"/extras/*.whl)
+shopt -u nullglob
+if [ ${#extras[@]} -gt 0 ]; then
+  "$py" -m pip install -q --no-deps --no-compile "${extras[@]}"
+  echo "device_setup: installed $(printf '%s ' "${extras[@]##*/}")"
+fi
+
+# 5. check
 "$py" - <<'EOF'
 import importlib, importlib.metadata as md, tomllib
 from pathlib import Path
