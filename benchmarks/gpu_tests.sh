@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU test on one lent GPU, as a regression sweep of the head: the tests marked `gpu`
 # (pytest -m gpu, all of tests/ and plugins/; the multi-GPU ones skip with the count they need)
-# and the Triton kernels' tests compiled (the files that CI runs in Triton's interpreter). With
+# and the Triton kernels' tests compiled (the files that CI runs in Triton's interpreter); liger's
+# too, with liger-kernel from benchmarks/.whl/extras (fetch_device_wheels.sh). With
 # benchmarks/.whl/deepgemm-src.tar.gz carried, DeepGEMM is built first so the FP8 tests run on it
 # too. About 8 minutes on an H200. Stop 65: with DeepGEMM, 75 passed and 39 skipped in 387 s;
 # without it, 70 passed and 44 skipped in 269 s; the compiled Triton tests, 109 passed in 65-76 s.
