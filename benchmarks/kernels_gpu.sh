@@ -14,7 +14,7 @@
 #                                              # M = 8,192 on every block width (kernels_bench.py quant,
 #                                              # quant_rows); QUANT_ONLY=rows: quant_rows alone
 # Results under $OUT: kernels.jsonl, results.jsonl + hf.json (trainer_memory.py table), logs.
-# Needs prime installed (benchmarks/device_setup.sh); liger-kernel from benchmarks/.whl/extra if carried.
+# Needs prime installed (benchmarks/device_setup.sh); liger-kernel from benchmarks/.whl/extras if carried (fetch_device_wheels.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/prime-kernels}
