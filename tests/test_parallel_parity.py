@@ -84,3 +84,29 @@ def test_a_run_in_one_process_leaves_the_caller_as_it_found_it(models, tmp_path)
     assert "fsdp" in torch.load(tmp_path / "fsdp_one.pt", weights_only=False)["applied"]
     assert not dist.is_initialized()
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_a_case_may_train_with_sft_s_loss(models, tmp_path):
+    """``"loss": "sft"`` (the GPU tests of kernels that serve SFT only, such as liger's LM head):
+    the first step's loss is the negative log-likelihood per loss token of the batch under the
+    untrained model, computed here sample by sample with transformers; the RL loss is not."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from prime_core.parity import batch_for
+
+    run(models["dense"], tmp_path, [{"name": "sft", "loss": "sft", "steps": 1}, {"name": "rl", "steps": 1}])
+    sft, rl = (torch.load(tmp_path / f"{name}.pt", weights_only=False)["losses"][0] for name in ("sft", "rl"))
+    model = AutoModelForCausalLM.from_pretrained(models["dense"], torch_dtype=torch.float64)
+    total, tokens = 0.0, 0.0
+    for row in batch_for(1, model.config.vocab_size)["micro_batches"]:
+        ids, mask = torch.tensor(row["input_ids"]), torch.tensor(row["loss_mask"], dtype=torch.float64)
+        starts = [i for i, p in enumerate(row["position_ids"]) if p == 0] + [len(ids)]
+        for a, b in zip(starts, starts[1:], strict=False):
+            with torch.no_grad():
+                logp = model(input_ids=ids[a:b][None]).logits[0].log_softmax(-1)
+            nll = -logp[:-1].gather(-1, ids[a + 1:b, None])[:, 0]
+            total += float((nll * mask[a + 1:b]).sum())
+            tokens += float(mask[a + 1:b].sum())
+    assert abs(sft - total / tokens) <= 1e-5 * abs(sft), (sft, total / tokens)
+    assert abs(rl - sft) > 0.1 * abs(sft), (rl, sft)
