@@ -228,10 +228,11 @@ def test_checkpointing_fsdp_and_kept_blocks_train_as_plain_fp8(tmp_path):
     several passes each, so that the weights' blocks are kept from the second step on and the
     recomputation of a checkpointed block finds them. With activation checkpointing on every
     block it trains to the same losses and weights as without, bit for bit: eagerly, and under
-    FSDP (asked for with ``reshard_after_forward``). FSDP itself is not the one-process casts' bits
-    on a GPU, for any model (probably: its gathered weights sit elsewhere in memory, and cuBLAS
-    picks kernels by alignment too), only near them. Compiled, checkpointing may round otherwise (the compiler
-    fuses a checkpointed block differently), but by no more than compiling itself does."""
+    FSDP (asked for with ``reshard_after_forward``). FSDP itself is not the one-process casts'
+    bits on a GPU, for any model (probably: its gathered weights sit elsewhere in memory, and
+    cuBLAS picks kernels by alignment too), only near them. Compiled, checkpointing may round
+    otherwise (the compiler fuses a checkpointed block differently), but by no more than
+    compiling itself does."""
     from prime_core.parity import distance, run
     from prime_core.testing.contracts.parallel_strategy import tiny_model
     from prime_plugin_fp8.weight_cache import CACHE

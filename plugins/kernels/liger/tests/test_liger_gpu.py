@@ -178,10 +178,10 @@ def test_in_training_compiled_blocks_and_the_lm_head_match_the_model_s_own_ops(m
 def test_the_liger_head_trains_under_fsdp_as_without_it(model_dir, tmp_path):
     """bf16 compute, float32 masters, three SFT steps of several passes each: FSDP (asked for with
     ``reshard_after_forward``) hands liger's backward the head's gathered weight, so the run ends
-    where the one-process casts end, as near as the native head's two runs end to each other (on a
-    GPU the two are not the same bits for any head, probably because FSDP's unsharded weights sit
-    elsewhere in memory and cuBLAS picks its kernels by alignment too; stop 70 measured 0.029 between liger's
-    runs, 0.033 between the native head's, 0.039 between the fused head's)."""
+    where the one-process casts end, as near as the native head's two runs end to each other (on
+    a GPU the two are not the same bits for any head, probably because FSDP's unsharded weights
+    sit elsewhere in memory and cuBLAS picks its kernels by alignment too; stop 70 measured 0.029
+    between liger's runs, 0.033 between the native head's, 0.039 between the fused head's)."""
     from prime_core.parity import distance, run
 
     base = {"impl": "custom", "dtype": "bfloat16", "compile": False}
