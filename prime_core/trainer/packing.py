@@ -68,6 +68,16 @@ class Packing:
             starts = self.cache["starts"] = (0, *(ids[1:] != ids[:-1]).nonzero().flatten().add(1).tolist())
         return list(zip(starts, [*starts[1:], self.length], strict=True))
 
+    def single_sample(self) -> bool:
+        """Whether a contiguous packing holds one sample (an empty row counts as one), kept in
+        ``cache`` as a plain bool. Kernels call it ahead of the compiled blocks (their
+        ``prepare``): a block that reads only this bool guards on it alone, where one that read
+        ``segments()`` would guard on the row's sample count and be recompiled for each."""
+        single = self.cache.get("single_sample")
+        if single is None:
+            single = self.cache["single_sample"] = len(self.segments()) == 1
+        return single
+
 
 def segment_ids(positions):
     """``[L]`` sample number of every token (a tensor, or a numpy array on the host): a new

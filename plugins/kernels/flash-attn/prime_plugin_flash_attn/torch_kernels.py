@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from prime_plugin_flash_attn.varlen import check_inputs, cu_seqlens, single_sample, whole_row
+from prime_plugin_flash_attn.varlen import check_inputs, cu_seqlens, whole_row
 
 
 @functools.cache
@@ -86,14 +86,14 @@ def torch_fused(q, k, v, packing, scale):
     """``attention:torch_fused``: cuDNN for a row of one sample, ``torch_flash`` for a packed row."""
     whole_row(packing, "torch_fused")
     check_inputs(q, k, v, "torch_fused")
-    if q.shape[0] and single_sample(packing):
+    if q.shape[0] and packing.single_sample():
         return cudnn_causal(q, k, v, float(scale))
     return torch_flash(q, k, v, packing, scale)
 
 
 def prepare(packing) -> None:
-    """Boundaries (one host sync) and the one-sample flag, ahead of the compiled layers."""
-    single_sample(packing)
+    """The one-sample flag (the boundaries: one host sync), ahead of the compiled layers."""
+    packing.single_sample()
 
 
 # Called once per forward by the native model, outside compiled blocks (see ``varlen``).

@@ -13,7 +13,6 @@ import torch
 from prime_plugin_flash_attn.plugin import FA4_HEAD_DIMS
 
 _CACHE = "flash_attn_cu_seqlens"
-_SINGLE = "flash_attn_single_sample"
 DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -41,16 +40,6 @@ def cu_seqlens(packing) -> tuple[torch.Tensor, int]:
         result = (bounds.to(device), max(end - start for start, end in segments))
     packing.cache[_CACHE] = result
     return result
-
-
-def single_sample(packing) -> bool:
-    """Whether a whole row holds one sample; kept on the packing as a plain bool, computed by
-    ``prepare`` before the layers, so that a compiled block guards on it alone."""
-    cached = packing.cache.get(_SINGLE)
-    if cached is None:
-        cached = len(cu_seqlens(packing)[0]) <= 2
-        packing.cache[_SINGLE] = cached
-    return cached
 
 
 def whole_row(packing, name: str) -> None:
@@ -123,7 +112,7 @@ def flash_attention_4(q, k, v, packing, scale):
         raise ValueError(f"attention:flash_attention_4 is checked at head dims {', '.join(map(str, FA4_HEAD_DIMS))}; "
                          f"this model's is {q.shape[-1]} (flash-attn-4's Hopper backward gave wrong gradients at "
                          "16): set trainer.model.attn = 'torch_fused'")
-    if q.shape[0] and single_sample(packing):
+    if q.shape[0] and packing.single_sample():
         out = flash_attn_func(q[None], k[None], v[None], softmax_scale=float(scale), causal=True)
         return (out[0] if isinstance(out, tuple) else out)[0]
     return _varlen(flash_attn_varlen_func, q, k, v, packing, scale, "flash_attention_4")

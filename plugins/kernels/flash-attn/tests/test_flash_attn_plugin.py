@@ -185,14 +185,12 @@ def test_torch_flash_on_a_pre_ampere_gpu(monkeypatch):
 
 
 def test_torch_fused_marks_one_sample_rows_once():
-    from prime_plugin_flash_attn.torch_kernels import single_sample
-
     one, packed = (Packing.from_position_ids(torch.cat([torch.arange(n) for n in lengths]))
                    for lengths in ([9], [4, 5]))
     torch_kernels.torch_fused.prepare(one)
     torch_kernels.torch_fused.prepare(packed)
-    assert (single_sample(one), single_sample(packed)) == (True, False)
-    assert one.cache["flash_attn_single_sample"] is True
+    assert (one.cache["single_sample"], packed.cache["single_sample"]) == (True, False)
+    assert (one.single_sample(), packed.single_sample()) == (True, False)
 
 
 def test_with_flash_attention_but_no_gpu(fake_flash, monkeypatch):

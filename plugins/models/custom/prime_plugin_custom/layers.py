@@ -108,12 +108,28 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing, s
     A whole row runs one causal ``scaled_dot_product_attention`` per sample (the fast kernels,
     no ``L x L`` mask); a context-parallel subset of a row gets the mask from ``allowed``."""
     if packing.contiguous:
-        bounds = packing.segments()
-        if len(bounds) == 1:
+        if packing.single_sample():
             return _sdpa(q, k, v, scale, causal=True)
-        return torch.cat([_sdpa(q[s:e], k[s:e], v[s:e], scale, causal=True) for s, e in bounds])
+        return _per_sample(q, k, v, packing, scale)
     mask = allowed(packing.index, packing.segment_ids, packing.index, packing.segment_ids)
     return _sdpa(q, k, v, scale, mask=mask)
+
+
+# Outside compiled graphs: a graph holding the loop would hold the row's sample boundaries and be
+# recompiled for every packing (an RL step brings new ones in every row), then, past dynamo's
+# recompile limit, run eagerly.
+@torch.compiler.disable
+def _per_sample(q, k, v, packing, scale: float) -> torch.Tensor:
+    return torch.cat([_sdpa(q[s:e], k[s:e], v[s:e], scale, causal=True) for s, e in packing.segments()])
+
+
+def _prepare(packing) -> None:
+    packing.single_sample()
+
+
+sdpa_attention.prepare = _prepare
+"""Called by the model once per forward, before the (compiled) blocks: the one-sample flag (the
+boundaries: one host sync), which a compiled block then reads as a constant."""
 
 
 def project(x: torch.Tensor, *linears: nn.Module) -> tuple[torch.Tensor, ...]:

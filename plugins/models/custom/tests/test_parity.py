@@ -204,3 +204,38 @@ def test_attention_fn_is_called_through_the_attribute(checkpoints):
     ids, positions = row([4, 6], model.config.vocab_size)
     model(input_ids=ids, position_ids=positions)
     assert seen == [(torch.Size([10, 4, 16]), torch.Size([10, 2, 16]), 10)] * model.config.num_hidden_layers
+
+
+def test_compiled_blocks_are_not_recompiled_for_each_packing(checkpoints):
+    """An RL step brings rows of new lengths packing new numbers of samples. A compiled block
+    gets a graph per kind of row (one sample or packed; first static, then with the token count
+    symbolic), not one per packing: a graph holding the sample boundaries was recompiled for each,
+    and past dynamo's recompile limit (8) the blocks ran eagerly (an H200's 1.7B step at a third
+    of its speed, stop 71). Dynamo's guards are the compiler's own, so its eager backend counts
+    the graphs that Inductor would compile."""
+    from torch._dynamo.testing import CompileCounter
+
+    from prime_core.trainer.model import transformer_blocks
+
+    model = custom(checkpoints["Qwen3ForCausalLM"])
+    vocab = model.config.vocab_size
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    for block in transformer_blocks(model):
+        block.compile(backend=counter)
+
+    def step(lengths, seed):
+        ids, positions = row(lengths, vocab, seed)
+        model(input_ids=ids, position_ids=positions).logits.float().square().mean().backward()
+
+    try:
+        # each kind of row twice after the other kind: every variant of every graph
+        for seed, lengths in enumerate(([29], [17], [11, 5, 13], [6, 20], [33], [21], [8, 8, 8, 9])):
+            step(lengths, seed)
+        warm = counter.frame_count
+        assert 0 < warm <= 16
+        for seed, lengths in enumerate(([40], [3, 4, 5, 6, 7, 8], [31, 2], [12], [1, 30, 9], [25, 25]), 10):
+            step(lengths, seed)
+        assert counter.frame_count == warm, f"{counter.frame_count - warm} graphs more for new packings"
+    finally:
+        torch._dynamo.reset()
