@@ -152,9 +152,12 @@ def worker(args) -> int:
         record = {"kind": args.kind, "config": args.knob, "seq_len": seq_len, "length": args.length, "build_s": build_s,
                   "predicted_peak_gib": plan.peak / GIB, "lm_head": plan.lm_head,
                   **({"attn": args.attn} if args.attn else {})}
+        seen = []  # each step's sums: the trainer's loss (as logged), to compare knobs on the same batches
         try:
-            meter.run_fake_steps(training, fake, seq_len, rng, loss_fn=loss_fn, max_norm=1.0)
-            record.update(meter.result())
+            meter.run_fake_steps(training, fake, seq_len, rng, loss_fn=loss_fn, max_norm=1.0,
+                                 on_step=lambda _step, sums, seen=seen: seen.append(sums))
+            record.update(meter.result(), losses=[s["loss"] for s in seen],
+                          step_tokens=[int(s["tokens"]) for s in seen])
         except torch.OutOfMemoryError:
             record.update({"oom": True, "devices": world.size})
             training.optimizer.zero_grad(set_to_none=True)
