@@ -10,6 +10,8 @@ MFU and peak memory per memory knob and sequence length, beside the plain Huggin
         --knobs default optim_cpu_offload --out $OUT     # an RL-sized step: 16 samples
     python3 benchmarks/trainer_memory.py knobs --knobs custom_ac_fast --length variable --samples-per-rank 8 \
         --seq-lens 32768 --out $OUT                      # packed rows: 8 samples of 8 to 32,768 tokens
+    TORCH_LOGS=recompiles python3 benchmarks/trainer_memory.py knobs --knobs fast_defaults --length variable \
+        --samples-per-rank 4 --seq-lens 8192 --warmup 5 --steps 8 --out $OUT   # an RL step's rows under compile
     python3 benchmarks/trainer_memory.py profile --seq-len 4096 --out $OUT   # where a step's time goes
     python3 benchmarks/trainer_memory.py profile --memory --knob custom_ac_chunk --seq-len 131072 --out $OUT
     python3 benchmarks/trainer_memory.py table --out $OUT
@@ -18,7 +20,8 @@ Each knob runs in its own process (a clean allocator), through the same code as
 ``prime trainer --bench``: the core's build order, FSDP2 on one GPU (bf16 compute, fp32 master
 weights, fp32 AdamW state), the RL loss on fake fixed-length samples (one sample per step unless told, one
 step = ``warmup`` + ``steps`` optimizer steps), MFU and peak memory from ``prime_core.bench``.
-Results are JSON lines in ``OUT/results.jsonl``; ``table`` prints them.
+Results are JSON lines in ``OUT/results.jsonl`` (with each step's loss and token count, so that
+knobs run on the same batches can be compared); ``table`` prints them.
 """
 
 from __future__ import annotations
