@@ -20,6 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+PACKED_ROWS_OUTSIDE_GRAPHS = (
+    "prime: a packed row's attention runs outside the compiled block, whose graph would otherwise hold the "
+    "row's sample boundaries and be compiled again for every packing; with trainer.model.compile.fullgraph = true "
+    "only rows of one sample can be compiled, so set it to false for packed rows")
+"""The reason given to ``torch.compiler.disable`` by the attention kernels' packed-row paths: dynamo
+prints it where ``fullgraph`` turns that graph break into an error."""
+
 
 @dataclass
 class Packing:

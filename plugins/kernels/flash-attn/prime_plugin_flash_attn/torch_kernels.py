@@ -16,6 +16,7 @@ import functools
 
 import torch
 
+from prime_core.trainer.packing import PACKED_ROWS_OUTSIDE_GRAPHS
 from prime_plugin_flash_attn.varlen import check_inputs, cu_seqlens, whole_row
 
 
@@ -43,7 +44,7 @@ def _flash_function():
 
 # Outside any compiled graph: the sample boundaries (and the longest sample, a Python int)
 # change every step, and a graph holding them would be recompiled for each new packing.
-@torch.compiler.disable
+@torch.compiler.disable(reason=PACKED_ROWS_OUTSIDE_GRAPHS)
 def torch_flash(q, k, v, packing, scale):
     """``attention:torch_flash``: q ``[L, Hq, D]``, k/v ``[L, Hkv, D]`` -> ``[L, Hq, D]``, causal
     within each sample of ``packing``; grouped kv heads as they are."""

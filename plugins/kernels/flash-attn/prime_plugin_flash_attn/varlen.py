@@ -98,7 +98,9 @@ def flash_attention_3(q, k, v, packing, scale):
 
 # flash-attention 4's Python (its kernel configuration and JIT cache) is not traceable: the
 # call stays out of compiled graphs, as ``torch_flash`` does.
-@torch.compiler.disable
+@torch.compiler.disable(reason="prime: flash-attention 4's Python (kernel configuration, JIT cache) is not "
+                               "traceable; it runs outside the compiled block, so trainer.model.compile.fullgraph = "
+                               "true cannot be used with it")
 def flash_attention_4(q, k, v, packing, scale):
     """``attention:flash_attention_4``: flash-attention 4's CuTe DSL kernels (``flash_attn.cute``,
     Hopper and Blackwell), same contract as ``flash_attention_2``, at the head dims of

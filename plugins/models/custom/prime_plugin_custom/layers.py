@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prime_core.trainer.packing import allowed
+from prime_core.trainer.packing import PACKED_ROWS_OUTSIDE_GRAPHS, allowed
 
 
 class RMSNorm(nn.Module):
@@ -118,7 +118,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing, s
 # Outside compiled graphs: a graph holding the loop would hold the row's sample boundaries and be
 # recompiled for every packing (an RL step brings new ones in every row), then, past dynamo's
 # recompile limit, run eagerly.
-@torch.compiler.disable
+@torch.compiler.disable(reason=PACKED_ROWS_OUTSIDE_GRAPHS)
 def _per_sample(q, k, v, packing, scale: float) -> torch.Tensor:
     return torch.cat([_sdpa(q[s:e], k[s:e], v[s:e], scale, causal=True) for s, e in packing.segments()])
 

@@ -240,3 +240,20 @@ def test_compiled_blocks_are_not_recompiled_for_each_packing(checkpoints, arch):
         assert counter.frame_count == warm, f"{counter.frame_count - warm} graphs more for new packings"
     finally:
         torch._dynamo.reset()
+
+
+def test_with_fullgraph_a_packed_row_is_refused_with_the_key_to_change(checkpoints):
+    from prime_core.trainer.model import transformer_blocks
+
+    model = custom(checkpoints["Qwen3ForCausalLM"])
+    torch._dynamo.reset()
+    for block in transformer_blocks(model):
+        block.compile(fullgraph=True, backend="eager")
+    try:
+        ids, positions = row([29], model.config.vocab_size)
+        model(input_ids=ids, position_ids=positions).logits.sum().backward()  # one sample: one graph
+        ids, positions = row([11, 5, 13], model.config.vocab_size)
+        with pytest.raises(Exception, match="trainer.model.compile.fullgraph = true only rows of one sample"):
+            model(input_ids=ids, position_ids=positions)
+    finally:
+        torch._dynamo.reset()

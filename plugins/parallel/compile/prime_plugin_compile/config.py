@@ -11,7 +11,8 @@ class CompileConfig(Section):
     """``torch.compile`` of the transformer blocks."""
 
     fullgraph: bool = False
-    """Make any graph break an error."""
+    """Make any graph break an error. The attention kernels run a packed row (several samples)
+    outside the block's graph, so with it only rows of one sample can be compiled."""
 
 
 class CompileKeys(Section):
