@@ -79,7 +79,7 @@ def predicted_logprobs(model, input_ids, position_ids, targets, *, packing=None,
         logits = model(input_ids=input_ids, position_ids=position_ids, packing=packing).logits
     else:
         assert packing is None or packing.contiguous, "a split row needs a model implementation that takes a Packing"
-        single = len(packing.segments()) == 1 if packing is not None else bool((position_ids[:, 1:] != 0).all())
+        single = packing.single_sample() if packing is not None else bool((position_ids[:, 1:] != 0).all())
         mask = None if single else block_causal_mask(position_ids)
         logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=False).logits
     logp, entropy = token_logprob_fn()(logits.flatten(0, 1), targets, float(temperature), with_entropy)

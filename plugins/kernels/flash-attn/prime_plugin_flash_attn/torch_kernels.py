@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from prime_core.trainer.packing import PACKED_ROWS_OUTSIDE_GRAPHS
+from prime_core.trainer.packing import PACKED_ROWS_OUTSIDE_GRAPHS, Packing
 from prime_plugin_flash_attn.varlen import check_inputs, cu_seqlens, whole_row
 
 
@@ -92,11 +92,6 @@ def torch_fused(q, k, v, packing, scale):
     return torch_flash(q, k, v, packing, scale)
 
 
-def prepare(packing) -> None:
-    """The one-sample flag (the boundaries: one host sync), ahead of the compiled layers."""
-    packing.single_sample()
-
-
 # Called once per forward by the native model, outside compiled blocks (see ``varlen``).
 torch_flash.prepare = cu_seqlens
-torch_fused.prepare = prepare
+torch_fused.prepare = Packing.single_sample  # the flag a compiled block reads

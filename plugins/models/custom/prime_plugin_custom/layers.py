@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prime_core.trainer.packing import PACKED_ROWS_OUTSIDE_GRAPHS, allowed
+from prime_core.trainer.packing import PACKED_ROWS_OUTSIDE_GRAPHS, Packing, allowed
 
 
 class RMSNorm(nn.Module):
@@ -123,11 +123,7 @@ def _per_sample(q, k, v, packing, scale: float) -> torch.Tensor:
     return torch.cat([_sdpa(q[s:e], k[s:e], v[s:e], scale, causal=True) for s, e in packing.segments()])
 
 
-def _prepare(packing) -> None:
-    packing.single_sample()
-
-
-sdpa_attention.prepare = _prepare
+sdpa_attention.prepare = Packing.single_sample
 """Called by the model once per forward, before the (compiled) blocks: the one-sample flag (the
 boundaries: one host sync), which a compiled block then reads as a constant."""
 
