@@ -5,6 +5,7 @@
 # LOOPS="step pipelined": each variant in both step loops (parallel_bench.py --pipelined).
 # ROUTINGS="random balanced": each on the random weights' collapsed routing and on an even one (--routing).
 # ATTNS="auto flash_attention_4": each with the recipe's attention kernel (auto) and with these (--attn).
+# LENGTH=variable SAMPLES=4: each step's samples of 8 to 8,192 tokens, packed into rows (--length, an RL step).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/prime-variants}; mkdir -p "$OUT"
@@ -20,7 +21,7 @@ for routing in ${ROUTINGS:-random}; do
       first=$([ "$dir" = now ] || realpath "$dir")
       PYTHONPATH=$(printf '%s\n' "$first" "${PYTHONPATH:-}" | grep . | paste -sd:) timeout 200 python3 -m \
         torch.distributed.run --standalone --nproc-per-node 1 benchmarks/parallel_bench.py moe --ep 1 \
-        --recipe ${RECIPE:-fast-bf16} --seq-lens 8192 --samples-per-group 1 --warmup 1 --steps ${STEPS:-8} \
+        --recipe ${RECIPE:-fast-bf16} --seq-lens 8192 --samples-per-group ${SAMPLES:-1} --length ${LENGTH:-fixed} --warmup ${WARMUP:-1} --steps ${STEPS:-8} \
         $([ "$loop" = step ] || echo --pipelined) $([ "$attn" = auto ] || echo --attn "$attn") \
         --routing "$routing" --out "$OUT/$name" > "$OUT/$name.log" 2>&1 || echo "$name exited $?"
       echo "$name: $(grep -E '^moe ' "$OUT/$name.log")"

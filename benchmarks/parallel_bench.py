@@ -274,6 +274,33 @@ def idle_table(prof, rows: int = 25) -> list[str]:
     return lines + ["the longest gaps:"] + described
 
 
+def run_keys(args, kind: str, name: str, routing: str, folder: Path) -> tuple[dict, dict]:
+    """``trainer.model`` for the run, and the label its rows carry."""
+    import torch
+
+    model = {"name": str(folder), "impl": "custom", "dtype": "bfloat16" if torch.cuda.is_available() else "float32"}
+    if not args.recipe.startswith("fast-"):
+        model.update(PINNED)
+    if args.recipe == "fast-bf16":
+        model.update(BF16_MASTER)
+    if kind == "moe":
+        if args.recipe == "memory-tight":
+            model.update(MEMORY_TIGHT, cp_style=args.style)
+        model.update(ep=args.ep)
+        label = {"kind": "moe", "model": name + ("-balanced" if routing == "balanced" else ""),
+                 "config": (f"ep{args.ep}" if args.ep > 1 else "fsdp")
+                 + {"memory-tight": "-tight", "fast-defaults": "-defaults", "fast-bf16": "-bf16"}.get(args.recipe, "")}
+    else:
+        model.update(cp=args.cp, cp_style=args.style, ac={"freq": 1})
+        label = {"kind": "cp", "config": (f"cp{args.cp}-{args.style}" if args.cp > 1 else "cp1")
+                 + ("-defaults" if args.recipe == "fast-defaults" else "")}
+    if args.attn:
+        model["attn"] = label["attn"] = args.attn
+    if args.length == "variable":
+        label["length"] = "variable"
+    return model, label
+
+
 def worker(args) -> int:
     import random
 
@@ -295,24 +322,7 @@ def worker(args) -> int:
     routing = args.routing if kind == "moe" else "random"
     suffix = ("-balanced" if routing == "balanced" else "") + ("-tiny" if args.tiny else "")
     folder = make_model(args.model_root / f"{name}{suffix}", kind, shape, world, routing)
-    model = {"name": str(folder), "impl": "custom", "dtype": "bfloat16" if torch.cuda.is_available() else "float32"}
-    if not args.recipe.startswith("fast-"):
-        model.update(PINNED)
-    if args.recipe == "fast-bf16":
-        model.update(BF16_MASTER)
-    if kind == "moe":
-        if args.recipe == "memory-tight":
-            model.update(MEMORY_TIGHT, cp_style=args.style)
-        model.update(ep=args.ep)
-        label = {"kind": "moe", "model": name + ("-balanced" if routing == "balanced" else ""),
-                 "config": (f"ep{args.ep}" if args.ep > 1 else "fsdp")
-                 + {"memory-tight": "-tight", "fast-defaults": "-defaults", "fast-bf16": "-bf16"}.get(args.recipe, "")}
-    else:
-        model.update(cp=args.cp, cp_style=args.style, ac={"freq": 1})
-        label = {"kind": "cp", "config": (f"cp{args.cp}-{args.style}" if args.cp > 1 else "cp1")
-                 + ("-defaults" if args.recipe == "fast-defaults" else "")}
-    if args.attn:
-        model["attn"] = label["attn"] = args.attn
+    model, label = run_keys(args, kind, name, routing, folder)
     seq_lens = args.seq_lens
     config = schema_for("trainer")(model=model, optim={"lr": 1e-6}, output_dir=args.out / "run", seq_len=max(seq_lens))
     manager = get_plugin_manager()
@@ -328,7 +338,7 @@ def worker(args) -> int:
         bench = BenchConfig(warmup_steps=args.warmup, steps=args.steps)
         meter = BenchMeter(bench, world=world, model=training.policy.model, hf_config=training.policy.hf_config,
                            dtype=model["dtype"], label={**label, "seq_len": seq_len}, pipelined=args.pipelined)
-        fake = FakeDataConfig(batch_size=args.samples_per_group * groups, length="fixed")
+        fake = FakeDataConfig(batch_size=args.samples_per_group * groups, length=args.length)
         rng = random.Random(0)
         plan = predict(config, "trainer", processes=world.size, rows=args.samples_per_group, seq_len=seq_len)
         record = {**label, "seq_len": seq_len, "build_s": build_s, "devices": world.size,
@@ -421,6 +431,8 @@ def main() -> int:
     parser.add_argument("--style", choices=("ring", "ulysses"), default="ulysses")
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[8192])
     parser.add_argument("--samples-per-group", type=int, default=1, help="samples per data-parallel group and step")
+    parser.add_argument("--length", choices=("fixed", "variable"), default="fixed",
+                        help="variable: each sample 8 to seq_len tokens, packed into rows (an RL step's rows)")
     parser.add_argument("--pipelined", action="store_true",
                         help="queue each step before reading the one before (prime sft's loop); otherwise each step "
                              "is read before the next starts (prime trainer's, which publishes every step's weights)")
