@@ -57,16 +57,26 @@ def torch_flash(q, k, v, packing, scale):
     return _flash_function().apply(q, k, v, cu.to(q.device), max_len, float(scale))
 
 
+CUDNN_LENGTH_MULTIPLE = 256
+"""cuDNN runs a row of one sample padded at its end to a multiple of this many tokens. It builds
+an execution plan for each new sequence length, forward and backward, and an RL step's rows bring
+new lengths every step; padded, a run meets at most ``seq_len / 256`` of them. Causal attention
+leaves the real tokens exact: none attends to a later position, and the padding's outputs are
+dropped (their gradients zero)."""
+
+
 def cudnn_causal(q, k, v, scale):
     """One sample's causal attention through cuDNN (``[L, H, D]`` in and out). cuDNN takes
     grouped kv heads as they are from 9.19 on (``GQA_CUDNN``); before, only repeated."""
     if k.shape[1] != q.shape[1] and not cudnn_takes_grouped_heads():
         repeat = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-    q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
+    length = q.shape[0]
+    pad = -length % CUDNN_LENGTH_MULTIPLE  # no branch on it: one graph for every length
+    q, k, v = (torch.nn.functional.pad(t, (0, 0, 0, 0, 0, pad)).transpose(0, 1)[None] for t in (q, k, v))
     out = torch.ops.aten._scaled_dot_product_cudnn_attention(
         q, k, v, None, q.requires_grad or k.requires_grad or v.requires_grad, 0.0, True, False, scale=scale)[0]
-    return out[0].transpose(0, 1)
+    return out[0, :, :length].transpose(0, 1)
 
 
 GQA_CUDNN = 91900

@@ -118,7 +118,8 @@ def test_torch_flash_matches_sdpa(lengths, heads, kv_heads, dim, dtype):
 @TORCH_FUSED
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("lengths", "heads", "kv_heads", "dim"),
-                         ROWS + [([4096], 16, 8, 128), ([1, 4095], 16, 8, 128), ([2048], 32, 4, 128)])
+                         ROWS + [([4096], 16, 8, 128), ([1, 4095], 16, 8, 128), ([2048], 32, 4, 128),
+                                 ([1000], 16, 8, 128), ([4097], 16, 8, 128), ([3], 8, 8, 64)])
 def test_torch_fused_matches_sdpa(lengths, heads, kv_heads, dim, dtype):
     _check_against_sdpa(_torch_kernel("torch_fused"), lengths, heads, kv_heads, dim, dtype)
 
@@ -153,11 +154,11 @@ def test_torch_fused_one_sample_row_traces_into_one_graph():
     splits every block in two and runs a checkpointed block eagerly)."""
     import torch._dynamo
 
-    from prime_plugin_flash_attn.torch_kernels import prepare, torch_fused
+    from prime_plugin_flash_attn.torch_kernels import torch_fused
 
     torch._dynamo.reset()
     packing = Packing.from_position_ids(torch.arange(1024, device="cuda"))
-    prepare(packing)
+    packing.single_sample()  # as the model's forward does, before the blocks
     q = torch.randn(1024, 8, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k = v = torch.randn(1024, 4, 64, device="cuda", dtype=torch.bfloat16)
     block = torch.compile(lambda q, k, v: torch_fused(q * 2, k, v, packing, 0.125).sum(), fullgraph=True)
