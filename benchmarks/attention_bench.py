@@ -14,6 +14,13 @@ where ``flash-attn-4`` is installed: its first call compiles the kernels, before
 TFLOP/s counts causal model flops (half the square), forward + backward = 3.5x forward. Each
 kernel's output and gradients are compared with the first kernel's (largest difference, and
 ``||a - b|| / ||b||``). Results: ``OUT/attention.jsonl``.
+
+    python3 benchmarks/attention_bench.py --new-lengths 8 --tokens 8192 \
+        --kernels sdpa_cudnn torch_fused torch_varlen --out $OUT
+
+``--new-lengths N``: what a kernel costs at a sequence length it has not met, as every RL step
+brings: a row of one sample at each of N random lengths up to ``--tokens``, forward + backward,
+timed at its first call and again at its second (``OUT/new_lengths.jsonl``).
 """
 
 from __future__ import annotations
@@ -63,6 +70,41 @@ def attention_kernels() -> dict:
             "torch_fused": registered("torch_fused"), "flash_attention_4": registered("flash_attention_4")}
 
 
+def new_lengths(args, kernels: dict) -> int:
+    """Each kernel at ``args.new_lengths`` random lengths (one sample a row): the first call at a
+    length and the second, forward + backward, synchronised around each."""
+    import random
+
+    import torch
+
+    def timed(fn, length):
+        q = torch.randn(length, args.heads, args.head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k, v = (torch.randn(length, args.kv_heads, args.head_dim, device="cuda", dtype=torch.bfloat16,
+                            requires_grad=True) for _ in range(2))
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn(q, k, v, [(0, length)], args.head_dim ** -0.5).sum().backward()
+        torch.cuda.synchronize()
+        return 1e3 * (time.perf_counter() - start)
+
+    rows = []
+    for name, fn in kernels.items():
+        timed(fn, 1024)  # the kernel's own first-call costs (imports, a JIT) before the lengths
+        lengths = random.Random(name).sample(range(args.tokens[0] // 2, args.tokens[0]), args.new_lengths)
+        first = [timed(fn, n) for n in lengths]
+        again = [timed(fn, n) for n in lengths]
+        row = {"kernel": name, "lengths": lengths, "first_ms": first, "again_ms": again,
+               "first_mean_ms": sum(first) / len(first), "again_mean_ms": sum(again) / len(again)}
+        rows.append(row)
+        with open(args.out / "new_lengths.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+    print(f"{'kernel':<18}{'new length, ms':>16}{'again, ms':>11}   ({args.new_lengths} lengths of "
+          f"{args.tokens[0] // 2}-{args.tokens[0]} tokens, forward + backward)")
+    for r in rows:
+        print(f"{r['kernel']:<18}{r['first_mean_ms']:>16.1f}{r['again_mean_ms']:>11.1f}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 32768])
@@ -72,6 +114,7 @@ def main() -> int:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--kernels", nargs="+", help="only these (default: all)")
+    parser.add_argument("--new-lengths", type=int, help="time each kernel at this many lengths it has not met")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -81,6 +124,8 @@ def main() -> int:
     kernels = attention_kernels()
     if args.kernels:
         kernels = {name: kernels[name] for name in args.kernels}
+    if args.new_lengths:
+        return new_lengths(args, kernels)
     device = torch.device("cuda")
     results = []
     for tokens in args.tokens:
