@@ -120,3 +120,17 @@ def test_torch_backend_falls_back_to_chunks_when_pytorch_refuses_the_recipes(fak
     got = gemm.torch_gemm(a, b, b_block=128, out_dtype=torch.float32)
     assert gemm.torch_mode(torch.device("cpu")) == "chunked" and "cublasLt" in gemm._torch_fallbacks["cpu"]
     assert _rel(got, gemm.emulated_gemm(a, b, b_block=128, out_dtype=torch.float32)) < 1e-6
+
+
+def test_deep_gemm_says_once_where_its_compiled_kernels_are_kept(fakes, monkeypatch, tmp_path, caplog):
+    """DeepGEMM compiles a kernel per layout at first use (an H200's RL rows: steps of 8-32 s on
+    a fresh cache, stop 72): the first GEMM names the cache a user should keep."""
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path / "dg"))
+    gemm.deep_gemm_jit_note.cache_clear()
+    x, w = torch.randn(16, 128), torch.randn(32, 128)
+    with caplog.at_level("INFO", logger="prime.fp8"):
+        for _ in range(2):
+            gemm.deep_gemm_gemm(quantize_rows(x), quantize_blocks(w), b_block=128, out_dtype=torch.float32)
+    notes = [r.getMessage() for r in caplog.records if "DG_JIT_CACHE_DIR" in r.getMessage()]
+    assert len(notes) == 1 and str(tmp_path / "dg") in notes[0]
+    gemm.deep_gemm_jit_note.cache_clear()
