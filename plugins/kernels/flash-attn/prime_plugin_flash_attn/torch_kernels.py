@@ -6,8 +6,9 @@ sequence boundaries), one call per packed row.
 
 ``torch_fused``: the fastest of them per row. A row holding one sample runs cuDNN's fused
 attention (on an H200 at 8k-32k tokens, head dim 128: 1.7x flash-attention 2's speed, forward
-and backward), traced into a compiled block like any op; a packed row runs ``torch_flash``
-(one varlen call instead of one SDPA call per sample: 2.4x at 8 samples of 1k).
+and backward), padded to a multiple of 256 tokens, traced into a compiled block like any op;
+a packed row runs ``torch_flash`` (one varlen call instead of one SDPA call per sample: 2.4x at
+8 samples of 1k).
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ new lengths every step; padded, a run meets at most ``seq_len / 256`` of them. C
 leaves the real tokens exact: none attends to a later position, and the padding's outputs are
 dropped (their gradients zero)."""
 
+CUDNN_PADDED_BELOW = 65536
+"""Rows of this many tokens or more run at their own length: there a plan costs a few percent of
+the row's attention, and the padded copies of q, k and v would be GiBs (8 at 1,048,576 tokens)."""
+
 
 def cudnn_causal(q, k, v, scale):
     """One sample's causal attention through cuDNN (``[L, H, D]`` in and out). cuDNN takes
@@ -72,8 +77,11 @@ def cudnn_causal(q, k, v, scale):
         repeat = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
     length = q.shape[0]
-    pad = -length % CUDNN_LENGTH_MULTIPLE  # no branch on it: one graph for every length
-    q, k, v = (torch.nn.functional.pad(t, (0, 0, 0, 0, 0, pad)).transpose(0, 1)[None] for t in (q, k, v))
+    # Padded by 0 too where the length is a multiple already: a branch on the pad would guard a
+    # symbolic length on it, a graph more for a compiled block.
+    if length < CUDNN_PADDED_BELOW:
+        q, k, v = (torch.nn.functional.pad(t, (0, 0, 0, 0, 0, -length % CUDNN_LENGTH_MULTIPLE)) for t in (q, k, v))
+    q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
     out = torch.ops.aten._scaled_dot_product_cudnn_attention(
         q, k, v, None, q.requires_grad or k.requires_grad or v.requires_grad, 0.0, True, False, scale=scale)[0]
     return out[0, :, :length].transpose(0, 1)

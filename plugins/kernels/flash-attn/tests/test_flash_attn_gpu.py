@@ -124,6 +124,15 @@ def test_torch_fused_matches_sdpa(lengths, heads, kv_heads, dim, dtype):
     _check_against_sdpa(_torch_kernel("torch_fused"), lengths, heads, kv_heads, dim, dtype)
 
 
+@TORCH_FUSED
+def test_torch_fused_long_rows_run_at_their_own_length(monkeypatch):
+    """Rows of ``CUDNN_PADDED_BELOW`` tokens or more are not padded (here from 1,024 on)."""
+    from prime_plugin_flash_attn import torch_kernels
+
+    monkeypatch.setattr(torch_kernels, "CUDNN_PADDED_BELOW", 1024)
+    _check_against_sdpa(torch_kernels.torch_fused, [4097], 16, 8, 128, torch.bfloat16)
+
+
 @TORCH_FLASH
 def test_torch_flash_compiled_block_does_not_recompile_per_packing():
     """A compiled function around the kernel, fed rows of one length but different samples,
