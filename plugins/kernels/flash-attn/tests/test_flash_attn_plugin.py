@@ -193,6 +193,68 @@ def test_torch_fused_marks_one_sample_rows_once():
     assert (one.single_sample(), packed.single_sample()) == (True, False)
 
 
+def _cudnn_stand_in(q, k, v, bias, log_sumexp, dropout, causal, debug, scale=None):
+    """cuDNN's attention op on a CPU: ``[1, H, L, D]`` in, the output first, as the op returns."""
+    return (torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),)
+
+
+def _cudnn_cpu_kernel(q, k, v, bias, log_sumexp, dropout=0.0, causal=False, debug=False, scale=None):
+    """The op's nine outputs, as its schema has them, the output computed."""
+    empty = torch.empty(0)
+    out = _cudnn_stand_in(q, k, v, bias, log_sumexp, dropout, causal, debug, scale=scale)[0]
+    return out, torch.zeros(*q.shape[:3], 1), empty, empty, q.shape[2], q.shape[2], empty, empty, empty
+
+
+def test_cudnn_rows_are_padded_exactly_and_compile_into_two_graphs(monkeypatch):
+    """cuDNN builds a plan per length (an H200: 116-154 ms a new one, stop 72): a one-sample row
+    goes to it padded at its end to a multiple of 256 tokens, below ``CUDNN_PADDED_BELOW``. The
+    real tokens' outputs and gradients are the unpadded ones, and a compiled block over rows of
+    varying length makes its static graph and one symbolic graph, none per pad. cuDNN itself is
+    ``test_flash_attn_gpu.py``'s."""
+    from torch._dynamo.testing import CompileCounter
+
+    lengths_seen = []
+
+    def recording(q, *args, **kwargs):
+        lengths_seen.append(q.shape[2])
+        return _cudnn_stand_in(q, *args, **kwargs)
+
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", recording)
+    generator = torch.Generator().manual_seed(0)
+    for length in (300, 512, 700):
+        q, k, v = (torch.randn(length, heads, 16, generator=generator, dtype=torch.float64).requires_grad_()
+                   for heads in (4, 2, 2))
+        grad = torch.randn(length, 4, 16, generator=generator, dtype=torch.float64)
+        out = torch_kernels.cudnn_causal(q, k, v, 0.25)
+        got = [out, *torch.autograd.grad(out, (q, k, v), grad)]
+        ref_out = torch.nn.functional.scaled_dot_product_attention(
+            *(t.transpose(0, 1) for t in (q, k, v)), is_causal=True, scale=0.25, enable_gqa=True).transpose(0, 1)
+        want = [ref_out, *torch.autograd.grad(ref_out, (q, k, v), grad)]
+        for a, b in zip(got, want, strict=True):
+            assert a.shape == b.shape and torch.allclose(a, b, atol=1e-12)
+    assert lengths_seen == [512, 512, 768]
+    monkeypatch.setattr(torch_kernels, "CUDNN_PADDED_BELOW", 600)
+    torch_kernels.cudnn_causal(*(torch.randn(700, h, 16) for h in (4, 2, 2)), 0.25)
+    assert lengths_seen[-1] == 700  # at its own length
+
+    # compiled: dynamo traces the op itself, so it gets a CPU kernel (forward only) for the test
+    monkeypatch.undo()
+    library = torch.library.Library("aten", "IMPL")
+    library.impl("_scaled_dot_product_cudnn_attention", _cudnn_cpu_kernel, "CPU")
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    block = torch.compile(lambda q, k, v: torch_kernels.cudnn_causal(q * 2, k, v, 0.25).sum(), backend=counter)
+    try:
+        for length in (300, 512, 700, 1024, 1000, 256, 2000):
+            inputs = [torch.randn(length, h, 16) for h in (4, 2, 2)]
+            assert torch.allclose(block(*inputs), torch_kernels.cudnn_causal(inputs[0] * 2, *inputs[1:], 0.25).sum(),
+                                  atol=1e-4)
+        assert counter.frame_count == 2, f"{counter.frame_count} graphs"
+    finally:
+        torch._dynamo.reset()
+        library._destroy()
+
+
 def test_with_flash_attention_but_no_gpu(fake_flash, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for reason in (plugin.flash_attention_2_unavailable(), plugin.flash_attention_3_unavailable(),
