@@ -21,7 +21,8 @@ for routing in ${ROUTINGS:-random}; do
       first=$([ "$dir" = now ] || realpath "$dir")
       PYTHONPATH=$(printf '%s\n' "$first" "${PYTHONPATH:-}" | grep . | paste -sd:) timeout 200 python3 -m \
         torch.distributed.run --standalone --nproc-per-node 1 benchmarks/parallel_bench.py moe --ep 1 \
-        --recipe ${RECIPE:-fast-bf16} --seq-lens 8192 --samples-per-group ${SAMPLES:-1} --length ${LENGTH:-fixed} --warmup ${WARMUP:-1} --steps ${STEPS:-8} \
+        --recipe ${RECIPE:-fast-bf16} --seq-lens 8192 --samples-per-group ${SAMPLES:-1} --length ${LENGTH:-fixed} \
+        --warmup ${WARMUP:-1} --steps ${STEPS:-8} \
         $([ "$loop" = step ] || echo --pipelined) $([ "$attn" = auto ] || echo --attn "$attn") \
         --routing "$routing" --out "$OUT/$name" > "$OUT/$name.log" 2>&1 || echo "$name exited $?"
       echo "$name: $(grep -E '^moe ' "$OUT/$name.log")"

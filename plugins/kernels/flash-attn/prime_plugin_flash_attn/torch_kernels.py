@@ -77,9 +77,9 @@ def cudnn_causal(q, k, v, scale):
         repeat = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
     length = q.shape[0]
-    # Padded by 0 too where the length is a multiple already: a branch on the pad would guard a
-    # symbolic length on it, a graph more for a compiled block.
-    if length < CUDNN_PADDED_BELOW:
+    # A compiled block pads by 0 too where the length is a multiple already: a branch on the pad
+    # would guard a symbolic length on it, a graph more. Eager, a multiple is not copied.
+    if length < CUDNN_PADDED_BELOW and (torch.compiler.is_compiling() or length % CUDNN_LENGTH_MULTIPLE):
         q, k, v = (torch.nn.functional.pad(t, (0, 0, 0, 0, 0, -length % CUDNN_LENGTH_MULTIPLE)) for t in (q, k, v))
     q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
     out = torch.ops.aten._scaled_dot_product_cudnn_attention(

@@ -213,17 +213,18 @@ def test_cudnn_rows_are_padded_exactly_and_compile_into_two_graphs(monkeypatch):
     ``test_flash_attn_gpu.py``'s."""
     from torch._dynamo.testing import CompileCounter
 
-    lengths_seen = []
+    lengths_seen, copied = [], []
 
     def recording(q, *args, **kwargs):
         lengths_seen.append(q.shape[2])
+        copied.append(q.data_ptr() != inputs[0].data_ptr())
         return _cudnn_stand_in(q, *args, **kwargs)
 
     monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", recording)
     generator = torch.Generator().manual_seed(0)
     for length in (300, 512, 700):
-        q, k, v = (torch.randn(length, heads, 16, generator=generator, dtype=torch.float64).requires_grad_()
-                   for heads in (4, 2, 2))
+        q, k, v = inputs = [torch.randn(length, heads, 16, generator=generator, dtype=torch.float64).requires_grad_()
+                            for heads in (4, 2, 2)]
         grad = torch.randn(length, 4, 16, generator=generator, dtype=torch.float64)
         out = torch_kernels.cudnn_causal(q, k, v, 0.25)
         got = [out, *torch.autograd.grad(out, (q, k, v), grad)]
@@ -232,9 +233,10 @@ def test_cudnn_rows_are_padded_exactly_and_compile_into_two_graphs(monkeypatch):
         want = [ref_out, *torch.autograd.grad(ref_out, (q, k, v), grad)]
         for a, b in zip(got, want, strict=True):
             assert a.shape == b.shape and torch.allclose(a, b, atol=1e-12)
-    assert lengths_seen == [512, 512, 768]
+    assert lengths_seen == [512, 512, 768] and copied == [True, False, True]  # eager: a multiple as it is
     monkeypatch.setattr(torch_kernels, "CUDNN_PADDED_BELOW", 600)
-    torch_kernels.cudnn_causal(*(torch.randn(700, h, 16) for h in (4, 2, 2)), 0.25)
+    inputs = [torch.randn(700, h, 16) for h in (4, 2, 2)]
+    torch_kernels.cudnn_causal(*inputs, 0.25)
     assert lengths_seen[-1] == 700  # at its own length
 
     # compiled: dynamo traces the op itself, so it gets a CPU kernel (forward only) for the test
