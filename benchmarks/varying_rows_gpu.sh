@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compiled steps over an RL step's rows on one GPU: each step 4 samples of 8 to 8,192 tokens, packed
-# into rows (--length variable), 5 warm-up and 8 timed steps, each pair of runs side by side in this job:
+# into rows (--length variable), 5 warm-up and 8 timed steps (WARMUP, STEPS), each pair of runs side by side
+# in this job (VARIANTS: the MoE runs' NAME=DIR plugin copies, as moe_variants.sh takes them):
 #   dense 1.7B, fp32 master weights: attn auto (flash-attention 4 where it is installed) | torch_fused
 #   dense 1.7B, torch_fused: bf16 | FP8 (the fp8 defaults; DeepGEMM where it is on PYTHONPATH)
 #   MoE 2.9B, bf16 weights: attn auto | torch_fused
@@ -13,12 +14,12 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/prime-varying}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TORCH_LOGS=recompiles NCCL_NVLS_ENABLE=0
 python3 -c "import prime_core, prime_plugin_cp" 2>/dev/null || bash benchmarks/device_setup.sh > "$OUT/setup.log" 2>&1
-rows=(--length variable --samples-per-rank 4 --seq-lens 8192 --warmup 5 --steps 8)
+rows=(--length variable --samples-per-rank 4 --seq-lens 8192 --warmup "${WARMUP:-5}" --steps "${STEPS:-8}")
 python3 benchmarks/trainer_memory.py knobs --knobs fast_defaults "${rows[@]}" --out "$OUT/dense"
 python3 benchmarks/trainer_memory.py knobs --knobs fast_defaults custom_compile_fused custom_fp8_cached_compile \
   --attn torch_fused "${rows[@]}" --out "$OUT/dense"
-OUT=$OUT/moe VARIANTS=now=now ATTNS="auto torch_fused" LENGTH=variable SAMPLES=4 WARMUP=5 STEPS=8 \
-  bash benchmarks/moe_variants.sh
+OUT=$OUT/moe VARIANTS=${VARIANTS:-now=now} ATTNS="auto torch_fused" LENGTH=variable SAMPLES=4 WARMUP=${WARMUP:-5} \
+  STEPS=${STEPS:-8} bash benchmarks/moe_variants.sh
 python3 - "$OUT" <<'EOF'
 import json, pathlib, re, sys
 out = pathlib.Path(sys.argv[1])
