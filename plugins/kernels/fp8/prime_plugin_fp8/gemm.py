@@ -318,16 +318,14 @@ def torch_chunked_gemm(a, b, *, b_block: int, out_dtype):
 
 
 @functools.cache
-def deep_gemm_jit_note() -> str:
+def deep_gemm_jit_note() -> None:
     """Said once a process, at the first DeepGEMM GEMM: why a run's first steps can be slow."""
     import os
 
     cache = os.environ.get("DG_JIT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".deep_gemm")
-    note = (f"fp8: DeepGEMM compiles a kernel for each GEMM layout at its first use (seconds each; rows of "
-            f"varying length meet new ones for many steps) and keeps them in {cache} (DG_JIT_CACHE_DIR): "
-            "keep it on storage that outlives the run")
-    log.info(note)
-    return note
+    log.info("fp8: DeepGEMM compiles a kernel for each GEMM layout at its first use (seconds each; rows of "
+             "varying length meet new ones for many steps) and keeps them in %s (DG_JIT_CACHE_DIR): keep it on "
+             "storage that outlives the run", cache)
 
 
 def deep_gemm_gemm(a, b, *, b_block: int, out_dtype):
