@@ -68,6 +68,7 @@ def init(timeout_seconds: float | None = None) -> World:
     else:
         device = torch.device("cpu")
     if size > 1 and not dist.is_initialized():
+        dump_stacks_on_sigterm()
         backend = "nccl" if device.type == "cuda" else "gloo"
         if _one_machine_on_loopback():
             # gloo listens on the address of this host's name otherwise (a LAN address):
@@ -78,6 +79,18 @@ def init(timeout_seconds: float | None = None) -> World:
         timeout = timedelta(seconds=timeout_seconds) if timeout_seconds else None
         dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None, timeout=timeout)
     return World(rank=rank, local_rank=local_rank, size=size, device=device)
+
+
+def dump_stacks_on_sigterm() -> None:
+    """Make SIGTERM print every thread's Python stack to stderr before the process ends as it
+    would have. torchrun stops the other ranks with SIGTERM when one fails, typically a rank
+    that timed out in a collective another rank never reached; without this, where that other
+    rank was (the one thing that explains the hang) ends with it. faulthandler's handler runs
+    in C, so it prints even while the main thread is blocked inside a collective."""
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGTERM, file=sys.stderr, all_threads=True, chain=True)
 
 
 def _one_machine_on_loopback() -> bool:

@@ -392,3 +392,50 @@ def test_roles_sharing_the_cores_get_openmp_threads_that_sleep_unless_the_user_c
     assert supervise(LaunchPlan(launcher="test", output_dir=tmp_path, processes=[proc("alone")])).code == 0
     shared = user_policy or "PASSIVE"
     assert [(tmp_path / r).read_text() for r in ("a", "b", "alone")] == [shared, shared, user_policy or "-"]
+
+
+# -- a rank stopped while it waits shows where it was -------------------------------------------
+
+
+WAITING_RANK = """
+import os, sys
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                  MASTER_PORT=sys.argv[1])
+from prime_core import distributed
+
+def waiting_for_rank_one():
+    distributed.init(timeout_seconds=120)
+
+waiting_for_rank_one()
+"""
+
+
+def test_a_rank_stopped_by_sigterm_prints_every_threads_stack_and_still_dies_of_it():
+    """torchrun stops the other ranks with SIGTERM when one times out in a collective; the rank
+    it stops must say where it was (here: rank 0 of 2 waiting for rank 1 in the rendezvous,
+    blocked in C), and still end as a SIGTERM ends a process."""
+    import signal
+    import socket
+
+    from prime_core.testing import free_ports
+
+    port = free_ports(1)
+    rank = subprocess.Popen([sys.executable, "-c", WAITING_RANK, str(port)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # rank 0 listens once it is inside init_process_group (the handler is set before)
+            assert rank.poll() is None, rank.communicate()
+            assert time.monotonic() < deadline, "rank 0 never started its store"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        time.sleep(0.5)
+        rank.send_signal(signal.SIGTERM)
+        _, err = rank.communicate(timeout=60)
+    finally:
+        rank.kill()
+    assert rank.returncode == -signal.SIGTERM, err
+    assert "most recent call first" in err and "waiting_for_rank_one" in err and "in init" in err, err
