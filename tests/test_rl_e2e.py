@@ -200,8 +200,11 @@ def test_two_replicas_and_two_trainer_processes_learn_with_bounded_lag_and_a_dea
     assert all(0.25 < n / sum(served.values()) < 0.75 for n in served.values()), served
     log = (out / "logs" / "orchestrator.log").read_text()
     assert "inference backend: vllm (auto" in log
+    # Each load takes the newest version published: one published while the one before it was
+    # still loading is skipped (seen once: v8, then v10). The async bound keeps the loads close.
     loaded = [int(v) for v in re.findall(r"loaded policy v(\d+) into 2 inference server", log)]
-    assert loaded[:kill_at - 2] == list(range(1, kill_at - 1)), loaded
+    assert loaded[0] == 1 and all(a < b <= a + 1 + bound for a, b in zip(loaded, loaded[1:], strict=False)), loaded
+    assert loaded[-1] >= kill_at - 1 - bound, loaded
     for p in (port, port + 1):
         served = (out / "logs" / f"vllm-{p}.log").read_text()
         assert served.count("POST /collective_rpc") >= len(loaded), f"replica on port {p} missed new weights"
