@@ -14,6 +14,8 @@ MFU and peak memory per memory knob and sequence length, beside the plain Huggin
         --samples-per-rank 4 --seq-lens 8192 --warmup 5 --steps 8 --out $OUT   # an RL step's rows under compile
     python3 benchmarks/trainer_memory.py profile --seq-len 4096 --out $OUT   # where a step's time goes
     python3 benchmarks/trainer_memory.py profile --memory --knob custom_ac_chunk --seq-len 131072 --out $OUT
+    python3 benchmarks/trainer_memory.py profile --length variable --samples-per-rank 4 --warmup 5 --steps 10 \
+        --knob custom_fp8_cached_compile --attn torch_fused --out $OUT   # RL rows, once their lengths are seen
     python3 benchmarks/trainer_memory.py table --out $OUT
 
 Each knob runs in its own process (a clean allocator), through the same code as
@@ -227,6 +229,8 @@ def profile(args) -> int:
         if times is not None:
             times.append([b - a for a, b in zip(marks, marks[1:], strict=False)])
 
+    if args.length == "variable":
+        return profile_rows(args, training, loss_fn)
     for _ in range(2):
         step()
     if args.memory:
@@ -255,6 +259,56 @@ def profile(args) -> int:
         with open(trace, "rb") as raw, gzip.open(f"{trace}.gz", "wb") as packed:
             packed.write(raw.read())
         trace.unlink()
+    distributed.shutdown()
+    return 0
+
+
+def profile_rows(args, training, loss_fn) -> int:
+    """``profile --length variable``: the rows of ``knobs --length variable`` (the same batches:
+    ``--samples-per-rank`` samples of 8 to ``--seq-len`` tokens packed a step, ``--warmup`` +
+    ``--steps`` of them), each trained once (compiling, and JIT-compiling backends, at its new
+    lengths), then the last ``--steps`` again: timed, then profiled. What a long run sees once
+    its row lengths are no longer new, per step."""
+    import random
+    import statistics
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from prime_core import distributed
+    from prime_core.bench import synchronize
+    from prime_core.trainer.fake import FakeDataConfig, fake_batch
+    from prime_core.trainer.step import train_step
+
+    vocab, device = training.policy.hf_config.vocab_size, training.world.device
+    fake = FakeDataConfig(batch_size=args.samples_per_rank, length="variable")
+    rng = random.Random(0)
+    batches = [fake_batch(fake, args.seq_len, vocab, rng)["micro_batches"] for _ in range(args.warmup + args.steps)]
+
+    def run(rows) -> float:
+        started = time.perf_counter()
+        train_step(training, rows, max_norm=1.0, loss_fn=loss_fn)
+        synchronize(device)
+        return time.perf_counter() - started
+
+    first = [run(rows) for rows in batches]
+    again = [run(rows) for rows in batches[args.warmup:]]
+    tokens = [sum(len(row["input_ids"]) for row in rows) for rows in batches[args.warmup:]]
+    label = f"profile {args.knob}{'+' + args.attn if args.attn else ''} rows"
+    print(f"{label}: first pass {sum(first):.1f} s ({max(first):.2f} s slowest); again: median "
+          f"{1000 * statistics.median(again):.1f} ms, {sum(tokens) / sum(again):,.0f} tok/s over {len(again)} steps",
+          flush=True)
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for rows in batches[args.warmup:]:
+            run(rows)
+    averages = prof.key_averages()
+    print(averages.table(sort_by="self_cuda_time_total", row_limit=40), flush=True)
+    print(f"{label}: GPU time of {len(again)} steps ({sum(tokens):,} tokens)", flush=True)
+    print(kernel_shares(averages), flush=True)
+    with open(args.out / "profiles.jsonl", "a") as f:
+        f.write(json.dumps({"knob": args.knob, "attn": args.attn, "seq_len": args.seq_len,
+                            "samples_per_rank": args.samples_per_rank, "first_s": first, "again_s": again,
+                            "tokens": tokens}) + "\n")
     distributed.shutdown()
     return 0
 
@@ -412,7 +466,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--samples-per-rank", type=int, default=1)
     parser.add_argument("--length", choices=("fixed", "variable"), default="fixed",
-                        help="variable: each sample 8 to seq_len tokens, packed into rows (several samples a row)")
+                        help="variable: each sample 8 to seq_len tokens, packed into rows (several samples a row); "
+                             "profile: those rows, trained once, then again timed and profiled")
     parser.add_argument("--stop-at-oom", action="store_true")
     parser.add_argument("--trace", action="store_true", help="profile: also write a gzipped Chrome trace of the step")
     parser.add_argument("--memory", action="store_true",
