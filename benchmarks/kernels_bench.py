@@ -465,8 +465,9 @@ def graphed(fn, params):
 
 
 def bench_fp8_host(args, device) -> list[dict]:
-    """Host time of each piece of an FP8 linear, at a size where the GPU's work is negligible
-    (M = 256, K = N = 2048): what a call costs to issue, the limit on a host-bound step."""
+    """Host time of each piece of an FP8 linear, at a size where the GPU's work is small
+    (M = ``--host-m``, 256 unless told; K = N = 2048): what a call costs to issue, the limit on a
+    host-bound step; on a GPU each beside its GPU time."""
     from prime_plugin_fp8 import gemm as fp8_gemm
 
     rows = []
@@ -475,15 +476,30 @@ def bench_fp8_host(args, device) -> list[dict]:
     return rows
 
 
+def kept(fn):
+    """``fn`` as a step's later passes run it: the FP8 weight cache storing what a miss quantises
+    (the first call stores, the rest hit)."""
+    from prime_plugin_fp8 import weight_cache
+
+    def call():
+        weight_cache.CACHE.storing = True
+        try:
+            return fn()
+        finally:
+            weight_cache.CACHE.storing = False
+
+    return call
+
+
 def fp8_host_of(args, device, backend: str) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
     from prime_plugin_fp8 import gemm as fp8_gemm
-    from prime_plugin_fp8 import linear
+    from prime_plugin_fp8 import linear, weight_cache
     from prime_plugin_fp8.quant import quantize_blocks, quantize_rows, quantize_rows_and_columns
 
-    m, k, n = (16, 128, 128) if args.tiny else (256, 2048, 2048)
+    m, k, n = (16, 128, 128) if args.tiny else (args.host_m, 2048, 2048)
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(m, k, device=device, generator=gen).bfloat16().requires_grad_()
     w = (torch.randn(n, k, device=device, generator=gen) / k**0.5).bfloat16().requires_grad_()
@@ -507,13 +523,25 @@ def fp8_host_of(args, device, backend: str) -> list[dict]:
         "gemm (weight grad, 1x128 B)": lambda: fp8_gemm.gemm(gq, xt, b_block=1, out_dtype=torch.float32,
                                                              backend=backend),
         "op gemm (forward)": lambda: linear._gemm_op(*xq, *wq, 128, torch.bfloat16, backend),
+        # The trainer's defaults: the weight gradient in bf16, the forward's blocks kept by a
+        # step's first pass for its later ones (``weight_cache``; stored here from the warm-up call).
+        "fp8 linear fwd+bwd, defaults (bf16 dW, blocks kept)": kept(
+            lambda: linear.fp8_linear(x, w, backend=backend, fp8_wgrad=False, cache_weight=True).backward(dy)),
+        "op gemm_cached_weight (blocks kept)": kept(
+            lambda: linear._gemm_cached_op(*xq, [wd], torch.bfloat16, backend)),
     }
+    if device.type == "cuda":  # the defaults' backward: two streams
+        cases["op input_grad_beside_weight_grad"] = lambda: linear._grads_op(
+            dy, xd, [wd], backend, torch.bfloat16, torch.bfloat16)
     rows = []
     for case, fn in cases.items():
         x.grad = w.grad = None
         _, _, host = timed(fn, device, args.reps)
         record = {"bench": "fp8_host", "backend": backend, "case": case, "m": m, "k": k, "n": n,
                   "host_us": 1e6 * host}
+        if device.type == "cuda":  # beside it: a call whose host time exceeds this leaves the GPU idle
+            record["gpu_us"] = 1e6 * gpu_seconds(fn, args.reps)
+        weight_cache.CACHE.clear()
         rows.append(record)
         emit(args, record)
     return rows
@@ -981,9 +1009,10 @@ def table(out: Path) -> None:
         backends = list(dict.fromkeys(r["backend"] for r in host))
         for column in ("piece", *backends):
             grid.add_column(column, justify="right")
-        keyed = {(r["backend"], r["case"]): r["host_us"] for r in host}
+        keyed = {(r["backend"], r["case"]): f"{r['host_us']:.0f}"
+                 + (f" / {r['gpu_us']:.0f} GPU" if "gpu_us" in r else "") for r in host}
         for case in dict.fromkeys(r["case"] for r in host):
-            grid.add_row(case, *(f"{keyed[(b, case)]:.0f}" if (b, case) in keyed else "-" for b in backends))
+            grid.add_row(case, *(keyed.get((b, case), "-") for b in backends))
         console.print(grid)
     quant_table(console, [r for r in records if r["bench"] == "quant"])
     quant_rows_table(console, [r for r in records if r["bench"] in ("quant_rows", "quant_blocks")])
@@ -1088,6 +1117,8 @@ def main() -> int:
                         help="grouped_mm: DeepGEMM's bf16 grouped GEMMs too, on the same routing laid out padded")
     parser.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384, 32768, 65536])
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--host-m", type=int, default=256,
+                        help="fp8_host: the linear's rows (M; K = N = 2,048); small, so the host's time shows")
     parser.add_argument("--out", type=Path, default=Path("/tmp/prime-kernels"))
     parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args()
