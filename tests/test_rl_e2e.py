@@ -129,7 +129,7 @@ def test_two_replicas_and_two_trainer_processes_learn_with_bounded_lag_and_a_dea
     inference` processes on consecutive ports with their own configs) and two trainer processes
     (gloo: the multi-process trainer learns like one). The sampled reward rises by far more than
     its noise, every step trains on policies within the async bound, and both replicas serve and
-    load every new policy. Then one replica dies, and with on_replica_failure = "stop" the run
+    load each new policy (the newest at each load). Then one replica dies, and with on_replica_failure = "stop" the run
     stops, naming it. (The vllm-router plugin's end-to-end test covers "continue".)"""
     # The reward rises from about step 8 (steps 10-12: 0.09, 0.14, 0.25 in three runs), so the
     # replica dies at 15, leaving the rise a margin over its noise.
