@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import math
 import tempfile
 from pathlib import Path
 
@@ -65,8 +66,11 @@ def recorded_runs(models: Path) -> list[dict]:
         r = json.loads(line)
         if "note" in r or (r["config"], r.get("device_call")) in EXCLUDED:
             continue
+        if "peak_memory_gib" not in r and not r.get("oom"):  # a profile: no memory measured
+            continue
         keys = {**memory.PINNED, **(memory.ALL_KNOBS if r["config"] == "all" else memory.KNOBS[r["config"]])}
-        samples = int(r["tokens_per_step"] // r["seq_len"]) if "tokens_per_step" in r else r.get("devices", 1)
+        # Rows of varying length: a step's tokens fill at least this many rows of seq_len.
+        samples = math.ceil(r["tokens_per_step"] / r["seq_len"]) if "tokens_per_step" in r else r.get("devices", 1)
         runs.append({"label": f"{r['kind']} {r['config']} ({r.get('device_call')})", "model": {"impl": "hf", **keys},
                      "folder": dense, "seq_len": r["seq_len"], "samples": samples, "gpus": r.get("devices", 1),
                      "peak": r.get("peak_memory_gib"), "device": r.get("device_memory_gib", 139.8),
