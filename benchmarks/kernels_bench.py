@@ -431,15 +431,15 @@ def serial(fn):
     return run
 
 
-def compiled_backward(forward, dy):
-    """``forward`` compiled (Inductor, static shapes; AOTAutograd compiles its backward), then
-    its backward from ``dy``: one call."""
+def compiled_backward(forward, dy, dynamic: bool = False):
+    """``forward`` compiled (Inductor, static shapes unless ``dynamic``; AOTAutograd compiles its
+    backward), then its backward from ``dy``: one call."""
     import torch
 
     dynamo = torch._dynamo.config
     # One lambda per case and shape: the same code object recompiles for every shape.
     dynamo.recompile_limit = dynamo.accumulated_recompile_limit = 1024
-    compiled = torch.compile(forward, dynamic=False)
+    compiled = torch.compile(forward, dynamic=dynamic)
     return lambda: compiled().backward(dy)
 
 
@@ -530,9 +530,32 @@ def fp8_host_of(args, device, backend: str) -> list[dict]:
         "op gemm_cached_weight (blocks kept)": kept(
             lambda: linear._gemm_cached_op(*xq, [wd], torch.bfloat16, backend)),
     }
+    # The same under torch.compile with a symbolic row count, as RL rows compile (``dynamic``).
+    cases["bf16 linear fwd+bwd, compiled dynamic"] = compiled_backward(lambda: F.linear(x, w), dy, dynamic=True)
+    cases["fp8 linear fwd+bwd, defaults, compiled dynamic"] = kept(compiled_backward(
+        lambda: linear.fp8_linear(x, w, backend=backend, fp8_wgrad=False, cache_weight=True), dy, dynamic=True))
+    cases["fp8 linear fwd+bwd, defaults, compiled dynamic, one stream"] = kept(one_stream(compiled_backward(
+        lambda: linear.fp8_linear(x, w, backend=backend, fp8_wgrad=False, cache_weight=True), dy, dynamic=True)))
+    # The pieces a backward issues, one by one.
+    w2 = torch.cat([wd, wd])
+    cases["torch.cat of two weights"] = lambda: torch.cat([wd, wd])
+    cases["quantize_blocks of W.T"] = lambda: quantize_blocks(wd.t())
+    cases["quantize_blocks of cat(W, W).T"] = lambda: quantize_blocks(w2.t())
+    cases["bf16 dW matmul (g.T @ x)"] = lambda: dy.t() @ xd
+    cases["weight cache lookup (hit)"] = kept(lambda: weight_cache.CACHE.blocks([wd], linear._forward_blocks))
+    cases["empty [M, N] bf16"] = lambda: torch.empty(m, n, dtype=torch.bfloat16, device=device)
     if device.type == "cuda":  # the defaults' backward: two streams
         cases["op input_grad_beside_weight_grad"] = lambda: linear._grads_op(
             dy, xd, [wd], backend, torch.bfloat16, torch.bfloat16)
+        cases["input_grad_beside_weight_grad, called"] = lambda: linear._input_grad_beside_weight_grad(
+            dy, xd, [wd], backend, torch.bfloat16, torch.bfloat16)
+        cases["streams alone (wait, enter, wait, record)"] = lambda: streams_alone(dy)
+        if backend == "deep_gemm":
+            import deep_gemm
+
+            out = torch.empty(m, n, dtype=torch.bfloat16, device=device)
+            cases["deep_gemm.fp8_gemm_nt alone (1D2D)"] = lambda: deep_gemm.fp8_gemm_nt(
+                xq, wq, out, recipe=(1, 128, 128), disable_ue8m0_cast=True)
     rows = []
     for case, fn in cases.items():
         x.grad = w.grad = None
@@ -545,6 +568,40 @@ def fp8_host_of(args, device, backend: str) -> list[dict]:
         rows.append(record)
         emit(args, record)
     return rows
+
+
+def one_stream(fn):
+    """``fn`` with its first call (where it compiles) made under ``linear.OVERLAP = False``: the
+    FP8 backward traced on one stream, its pieces in the graph, not in the two-stream operator."""
+    from prime_plugin_fp8 import linear
+
+    state = {"first": True}
+
+    def call():
+        if state["first"]:
+            state["first"], linear.OVERLAP = False, False
+            try:
+                return fn()
+            finally:
+                linear.OVERLAP = True
+        return fn()
+
+    return call
+
+
+def streams_alone(g):
+    """What ``_input_grad_beside_weight_grad`` does to streams, without its kernels."""
+    import torch
+
+    from prime_plugin_fp8 import linear
+
+    main = torch.cuda.current_stream(g.device)
+    side = linear._side_stream(g.device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        pass
+    main.wait_stream(side)
+    g.record_stream(main)
 
 
 def profile_calls(fn, device, title: str, calls: int = 5) -> None:

@@ -92,6 +92,8 @@ KNOBS = {
     # the FP8 defaults: a step of several passes reuses each weight's blocks after its first
     "custom_fp8_cached_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
                                   "quantization": "fp8"},
+    "custom_fp8_cached_compile_torch": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "compile": {},
+                                        "quantization": "fp8", "kernels": {"fp8_linear": "torch"}},
     "custom_ac": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "ac": {"freq": 1}},
     "custom_ac_compile": {"impl": "custom", "fused_lm_head_token_chunk_size": "auto", "ac": {"freq": 1},
                           "compile": {}},
@@ -294,7 +296,8 @@ def profile_rows(args, training, loss_fn) -> int:
     first = [run(rows) for rows in batches]
     again = [run(rows) for rows in batches[args.warmup:]]
     tokens = [sum(len(row["input_ids"]) for row in rows) for rows in batches[args.warmup:]]
-    label = f"profile {args.knob}{'+' + args.attn if args.attn else ''} rows"
+    label = (f"profile {args.knob}{'+' + args.attn if args.attn else ''}"
+             f"{' fp8_overlap=' + args.fp8_overlap if args.fp8_overlap else ''} rows")
     print(f"{label}: first pass {sum(first):.1f} s ({max(first):.2f} s slowest); again: median "
           f"{1000 * statistics.median(again):.1f} ms, {sum(tokens) / sum(again):,.0f} tok/s over {len(again)} steps",
           flush=True)
@@ -303,12 +306,13 @@ def profile_rows(args, training, loss_fn) -> int:
             run(rows)
     averages = prof.key_averages()
     print(averages.table(sort_by="self_cuda_time_total", row_limit=40), flush=True)
+    print(averages.table(sort_by="self_cpu_time_total", row_limit=40), flush=True)
     print(f"{label}: GPU time of {len(again)} steps ({sum(tokens):,} tokens)", flush=True)
     print(kernel_shares(averages), flush=True)
     with open(args.out / "profiles.jsonl", "a") as f:
-        f.write(json.dumps({"knob": args.knob, "attn": args.attn, "seq_len": args.seq_len,
-                            "samples_per_rank": args.samples_per_rank, "first_s": first, "again_s": again,
-                            "tokens": tokens}) + "\n")
+        f.write(json.dumps({"knob": args.knob, "attn": args.attn, "fp8_overlap": args.fp8_overlap,
+                            "seq_len": args.seq_len, "samples_per_rank": args.samples_per_rank, "first_s": first,
+                            "again_s": again, "tokens": tokens}) + "\n")
     distributed.shutdown()
     return 0
 
@@ -473,7 +477,14 @@ def main() -> int:
     parser.add_argument("--memory", action="store_true",
                         help="profile: instead of timing, what is allocated at the step's peak, by where")
     parser.add_argument("--tiny", action="store_true", help="a small model: smoke test on a CPU")
+    parser.add_argument("--fp8-overlap", choices=("on", "off"),
+                        help="profile: prime_plugin_fp8.linear.OVERLAP (the backward's input gradient on a second "
+                             "stream beside the bf16 weight gradient); default: the plugin's")
     args = parser.parse_args()
+    if args.fp8_overlap:
+        from prime_plugin_fp8 import linear
+
+        linear.OVERLAP = args.fp8_overlap == "on"
     args.out.mkdir(parents=True, exist_ok=True)
     if args.tiny:
         QWEN3_1_7B.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,

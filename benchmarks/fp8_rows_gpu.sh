@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One GPU with DeepGEMM: where the FP8 step's host time goes over an RL step's rows, in one job.
+#  1. kernels_bench.py fp8_host at M = 2,048 (a pass of RL rows is a few thousand tokens): each piece
+#     of an FP8 linear (eager, compiled with a symbolic row count, the backward's operator and its
+#     parts) on deep_gemm and torch, host time beside GPU time;
+#  2. trainer_memory.py profile --length variable, compiled 1.7B, `torch_fused`, 4 samples of 8-8,192
+#     tokens packed a step: bf16, then FP8 with each of RUNS (default: the two-stream backward
+#     operator, the backward on one stream in the graph, and the torch backend), on one DeepGEMM cache.
+# Longer than one device call: run detached (carry benchmarks/.whl, with the DeepGEMM tarball):
+#   bash benchmarks/detached.sh start rows bash benchmarks/fp8_rows_gpu.sh && bash benchmarks/detached.sh follow rows 560
+#   bash benchmarks/detached.sh follow rows 500          # the next call, within 30 s
+set -uo pipefail
+cd "$(dirname "$0")/.."
+logs=${LOGS:-/tmp/detached/rows}
+mkdir -p "$logs"
+export PYTHONUNBUFFERED=1 DG_JIT_CACHE_DIR=${DG_JIT_CACHE_DIR:-/tmp/dgjit}
+nvidia-smi --query-gpu=name,clocks.sm,power.limit --format=csv,noheader
+bash benchmarks/device_setup.sh > "$logs/setup.log" 2>&1 || { tail -5 "$logs/setup.log"; exit 1; }
+dg=$(timeout 300 bash benchmarks/deepgemm_build.sh 2> "$logs/deepgemm_build.log") || { tail -20 "$logs/deepgemm_build.log"; exit 1; }
+export PYTHONPATH=$dg${PYTHONPATH:+:$PYTHONPATH}
+rm -f "$logs/setup.log" "$logs/deepgemm_build.log"  # a call brings back 8 files at most
+if [ -z "${SKIP_HOST:-}" ]; then
+  python3 benchmarks/kernels_bench.py fp8_host --host-m 2048 --backends deep_gemm torch --reps 200 \
+    --out "$logs/kb" > "$logs/fp8_host.log" 2>&1 || echo "fp8_host: exit $?"
+  python3 benchmarks/kernels_bench.py table --out "$logs/kb" 2>&1 | tail -45
+fi
+profile() {  # NAME ARGS...
+  local name=$1
+  shift
+  timeout 900 python3 benchmarks/trainer_memory.py profile --length variable --samples-per-rank 4 --seq-len 8192 \
+    --warmup 5 --steps 10 --attn torch_fused --out "$logs/profile" "$@" > "$logs/run.log" 2>&1 || echo "$name: exit $?"
+  { echo "=== $name: $*"; cat "$logs/run.log"; } >> "$logs/profiles.log"
+  grep -E "rows: (first|GPU)" "$logs/run.log"
+  rm -f "$logs/run.log"
+}
+profile bf16 --knob custom_compile_fused
+for run in ${RUNS:-overlap:custom_fp8_cached_compile:on one_stream:custom_fp8_cached_compile:off torch:custom_fp8_cached_compile_torch:off}; do
+  IFS=: read -r name knob overlap <<< "$run"
+  profile "fp8_$name" --knob "$knob" --fp8-overlap "$overlap"
+done
