@@ -4,8 +4,8 @@
 #     of an FP8 linear (eager, compiled with a symbolic row count, the backward's operator and its
 #     parts) on deep_gemm and torch, host time beside GPU time;
 #  2. trainer_memory.py profile --length variable, compiled 1.7B, `torch_fused`, 4 samples of 8-8,192
-#     tokens packed a step: bf16, then FP8 with each of RUNS (default: the two-stream backward
-#     operator, the backward on one stream in the graph, and the torch backend), on one DeepGEMM cache.
+#     tokens packed a step: bf16, then FP8 with each of RUNS (below; the torch backend is
+#     `torch:custom_fp8_cached_compile_torch`), on one DeepGEMM cache.
 # Longer than one device call: run detached (carry benchmarks/.whl, with the DeepGEMM tarball):
 #   bash benchmarks/detached.sh start rows bash benchmarks/fp8_rows_gpu.sh && bash benchmarks/detached.sh follow rows 560
 #   bash benchmarks/detached.sh follow rows 500          # the next call, within 30 s
@@ -34,7 +34,11 @@ profile() {  # NAME ARGS...
   rm -f "$logs/run.log"
 }
 profile bf16 --knob custom_compile_fused
-for run in ${RUNS:-overlap:custom_fp8_cached_compile:on one_stream:custom_fp8_cached_compile:off torch:custom_fp8_cached_compile_torch:off}; do
-  IFS=: read -r name knob overlap <<< "$run"
-  profile "fp8_$name" --knob "$knob" --fp8-overlap "$overlap"
+# NAME:KNOB[:FLAG=on|off,...] (trainer_memory.py --fp8 FLAG=...): the defaults (two streams, W.T's
+# blocks kept), stop 73's (W.T quantised every pass), and the backward on one stream in the graph.
+for run in ${RUNS:-defaults:custom_fp8_cached_compile no_wt_cache:custom_fp8_cached_compile:transposed_cache=off one_stream:custom_fp8_cached_compile:overlap=off}; do
+  IFS=: read -r name knob flags <<< "$run"
+  extra=()
+  for flag in ${flags//,/ }; do extra+=(--fp8 "$flag"); done
+  profile "fp8_$name" --knob "$knob" "${extra[@]}"
 done

@@ -528,7 +528,7 @@ def fp8_host_of(args, device, backend: str) -> list[dict]:
         "fp8 linear fwd+bwd, defaults (bf16 dW, blocks kept)": kept(
             lambda: linear.fp8_linear(x, w, backend=backend, fp8_wgrad=False, cache_weight=True).backward(dy)),
         "op gemm_cached_weight (blocks kept)": kept(
-            lambda: linear._gemm_cached_op(*xq, [wd], torch.bfloat16, backend)),
+            lambda: linear._gemm_cached_op(*xq, [wd], torch.bfloat16, backend, False)),
     }
     # The same under torch.compile with a symbolic row count, as RL rows compile (``dynamic``).
     cases["bf16 linear fwd+bwd, compiled dynamic"] = compiled_backward(lambda: F.linear(x, w), dy, dynamic=True)
@@ -546,7 +546,9 @@ def fp8_host_of(args, device, backend: str) -> list[dict]:
     cases["empty [M, N] bf16"] = lambda: torch.empty(m, n, dtype=torch.bfloat16, device=device)
     if device.type == "cuda":  # the defaults' backward: two streams
         cases["op input_grad_beside_weight_grad"] = lambda: linear._grads_op(
-            dy, xd, [wd], backend, torch.bfloat16, torch.bfloat16)
+            dy, xd, [wd], backend, torch.bfloat16, torch.bfloat16, False)
+        cases["op input_grad_beside_weight_grad (W.T's blocks kept)"] = kept(lambda: linear._grads_op(
+            dy, xd, [wd], backend, torch.bfloat16, torch.bfloat16, True))
         cases["input_grad_beside_weight_grad, called"] = lambda: linear._input_grad_beside_weight_grad(
             dy, xd, [wd], backend, torch.bfloat16, torch.bfloat16)
         cases["streams alone (wait, enter, wait, record)"] = lambda: streams_alone(dy)

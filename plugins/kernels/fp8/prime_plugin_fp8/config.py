@@ -29,12 +29,13 @@ class FP8Keys(Section):
 
     fp8_weight_cache: bool = True
     """With ``quantization = "fp8"`` in one trainer process: quantise each weight into its FP8
-    blocks once a step, in the first forward pass, and reuse them in the step's later passes
+    blocks once a step, the forward GEMM's in the first forward pass and the input gradient's
+    (``W.T``'s) in the first backward pass, and reuse them in the step's later passes
     (micro-batches, and recomputation under activation checkpointing), as Transformer Engine
-    does. It starts in the step after one of several passes and holds a byte a converted weight
-    until the step's last backward pass; a step of one pass stores nothing. Same bits either
-    way. With several processes FSDP gathers the weights anew for every pass, and nothing is
-    kept."""
+    does. It starts in the step after one of several passes and holds up to two bytes a
+    converted weight: the forward's until the step's last backward pass, ``W.T``'s into it; a
+    step of one pass stores nothing. Same bits either way. With several processes FSDP gathers
+    the weights anew for every pass, and nothing is kept."""
 
     @model_validator(mode="before")
     @classmethod

@@ -2,8 +2,9 @@
 
 - forward ``y = x @ W.T``: ``x`` 1×128 along K, ``W`` 128×128.
 - input gradient ``dx = dy @ W``: ``dy`` 1×128 along N, ``W.T`` 128×128 (the same blocks as
-  ``W``'s, re-quantised from the high-precision weight rather than kept from the forward:
-  keeping it would hold an FP8 copy of every weight from the forward to the backward).
+  ``W``'s, stored transposed; quantised from the high-precision weight in the backward, not
+  kept from the forward: that would hold an FP8 copy of every weight from the forward to the
+  backward).
 - weight gradient ``dW = dy.T @ x`` (``fp8_wgrad=True``, as DeepSeek-V3 and Transformer
   Engine do): ``dy.T`` and ``x.T`` each 1×128 along the token dimension, float32 result.
   ``fp8_wgrad=False`` computes it in the inputs' precision instead (a plain matmul); on CUDA
@@ -24,9 +25,9 @@ group (``FP8Linear.forward_group``; a model calls it through ``project``). The p
 the same as the separate linears' (the blocks are the same blocks); it needs every weight's
 row count to be a multiple of 128, so that no 128 × 128 block spans two weights.
 
-``cache_weight=True`` takes the forward's weight blocks from ``weight_cache.CACHE``: quantised
-by a step's first forward pass, reused by its later ones while the trainer's hooks keep them
-(see ``weight_cache``). Same blocks, so the same bits.
+``cache_weight=True`` takes the weight blocks, the forward's and ``W.T``'s, from
+``weight_cache.CACHE``: quantised by a step's first pass, reused by its later ones while the
+trainer's hooks keep them (see ``weight_cache``). Same blocks, so the same bits.
 """
 
 from __future__ import annotations
@@ -77,31 +78,46 @@ def _forward_blocks(weights: list[torch.Tensor]):
     return _weight_blocks(weights, False)
 
 
-def _gemm_cached_weight(a, weights, out_dtype: torch.dtype, backend: str) -> torch.Tensor:
-    """``x @ cat(weights).T`` with the weights' blocks from the cache (``weight_cache``)."""
-    blocks = weight_cache.CACHE.blocks(weights, _forward_blocks)
-    return gemm(a, blocks, b_block=128, out_dtype=out_dtype, backend=backend)
+def _transposed_blocks(weights: list[torch.Tensor]):
+    return _weight_blocks(weights, True)
+
+
+def _blocks_of(weights, transposed: bool, cache_weight: bool):
+    """The weights' blocks (``transposed``: ``W.T``'s), from the cache where it keeps them."""
+    if not cache_weight or (transposed and not weight_cache.TRANSPOSED):
+        return _weight_blocks(weights, transposed)
+    return weight_cache.CACHE.blocks(weights, _transposed_blocks if transposed else _forward_blocks, transposed)
+
+
+def _gemm_cached_weight(a, weights, out_dtype: torch.dtype, backend: str, transposed: bool = False) -> torch.Tensor:
+    """``a @ cat(weights).T`` (``transposed``: ``a @ cat(weights)``) with the weights' blocks from
+    the cache (``weight_cache``)."""
+    return gemm(a, _blocks_of(weights, transposed, True), b_block=128, out_dtype=out_dtype, backend=backend)
 
 
 # The cache is looked up at run time, inside an operator opaque to torch.compile: a traced
 # lookup would guard on it, and Inductor could plan the cached blocks' memory as its own.
 @torch.library.custom_op("prime_fp8::gemm_cached_weight", mutates_args=())
 def _gemm_cached_op(qa: torch.Tensor, sa: torch.Tensor, weights: list[torch.Tensor], out_dtype: torch.dtype,
-                    backend: str) -> torch.Tensor:
-    return _gemm_cached_weight((qa, sa), weights, out_dtype, backend)
+                    backend: str, transposed: bool) -> torch.Tensor:
+    return _gemm_cached_weight((qa, sa), weights, out_dtype, backend, transposed)
 
 
 @_gemm_cached_op.register_fake
-def _(qa, sa, weights, out_dtype, backend):
-    return qa.new_empty((qa.shape[0], sum(w.shape[0] for w in weights)), dtype=out_dtype)
+def _(qa, sa, weights, out_dtype, backend, transposed):
+    n = weights[0].shape[1] if transposed else sum(w.shape[0] for w in weights)
+    return qa.new_empty((qa.shape[0], n), dtype=out_dtype)
 
 
-def _forward_gemm(rows, weights, out_dtype: torch.dtype, backend: str, cache_weight: bool) -> torch.Tensor:
+def _weight_gemm(rows, weights, out_dtype: torch.dtype, backend: str, cache_weight: bool,
+                 transposed: bool = False) -> torch.Tensor:
+    """``rows @ cat(weights).T`` (the forward), or ``@ cat(weights)`` (``transposed``: the input
+    gradient)."""
     if not cache_weight:
-        return _gemm(rows, _weight_blocks(weights, False), 128, out_dtype, backend)
+        return _gemm(rows, _weight_blocks(weights, transposed), 128, out_dtype, backend)
     if torch.compiler.is_compiling():
-        return _gemm_cached_op(*rows, weights, out_dtype, backend)
-    return _gemm_cached_weight(rows, weights, out_dtype, backend)
+        return _gemm_cached_op(*rows, weights, out_dtype, backend, transposed)
+    return _gemm_cached_weight(rows, weights, out_dtype, backend, transposed)
 
 
 OVERLAP = True
@@ -119,7 +135,7 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)
 
 
-def _input_grad_beside_weight_grad(g, x2, weights, backend: str, x_dtype, w_dtype):
+def _input_grad_beside_weight_grad(g, x2, weights, backend: str, x_dtype, w_dtype, cache_weight: bool = False):
     """``(dx, dW)``: ``dW``'s high-precision GEMM on the current stream, and beside it, on a
     second one, ``dx``'s chain (``W.T``'s blocks, ``g``'s row quantisation, the FP8 GEMM).
     Why: the quantisers are bound by memory and the GEMMs by their tensor cores, and nothing
@@ -131,13 +147,15 @@ def _input_grad_beside_weight_grad(g, x2, weights, backend: str, x_dtype, w_dtyp
     the 132 multiprocessors, and the side stream's kernels trickle through the 4 left (kernel
     timelines, stop 61). The small launch, ``W.T``'s blocks, goes there first, and ``g``'s rows,
     which need the whole GPU, mostly run after: 1.2-2.0% faster at ``o`` than rows first, -2.0
-    to +2.0% on the other block shapes (``benchmarks/fp8_streams_bench.py``)."""
+    to +2.0% on the other block shapes (``benchmarks/fp8_streams_bench.py``). ``cache_weight``:
+    ``W.T``'s blocks from the cache, quantised (on the side stream, where they are only ever
+    used) only where it has none."""
     main = torch.cuda.current_stream(g.device)
     side = _side_stream(g.device)
     side.wait_stream(main)  # before dW's launch: the side waits for g and the weights only
     grad_w = _high_precision_weight_grad(g, x2, w_dtype)
     with torch.cuda.stream(side):
-        blocks = _weight_blocks(weights, True)  # first: see the docstring
+        blocks = _blocks_of(weights, True, cache_weight)  # first: see the docstring
         grad_x = gemm(quantize_rows(g), blocks, b_block=128, out_dtype=x_dtype, backend=backend)
     main.wait_stream(side)
     grad_x.record_stream(main)  # made on the side stream, used and freed on the main one
@@ -149,12 +167,12 @@ def _input_grad_beside_weight_grad(g, x2, weights, backend: str, x_dtype, w_dtyp
 # time a call, hidden behind the GPU's at the step's sizes: stop 60's step kept its 1.078x).
 @torch.library.custom_op("prime_fp8::input_grad_beside_weight_grad", mutates_args=())
 def _grads_op(g: torch.Tensor, x2: torch.Tensor, weights: list[torch.Tensor], backend: str,
-              x_dtype: torch.dtype, w_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    return _input_grad_beside_weight_grad(g, x2, weights, backend, x_dtype, w_dtype)
+              x_dtype: torch.dtype, w_dtype: torch.dtype, cache_weight: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _input_grad_beside_weight_grad(g, x2, weights, backend, x_dtype, w_dtype, cache_weight)
 
 
 @_grads_op.register_fake
-def _(g, x2, weights, backend, x_dtype, w_dtype):
+def _(g, x2, weights, backend, x_dtype, w_dtype, cache_weight):
     return g.new_empty(x2.shape, dtype=x_dtype), g.new_empty((g.shape[1], x2.shape[1]), dtype=w_dtype)
 
 
@@ -179,14 +197,15 @@ class _FP8Linears(torch.autograd.Function):
             rows, (xt, xt_scale) = quantize_rows_and_columns(x2)
         else:
             rows = quantize_rows(x2)
-        y = _forward_gemm(rows, weights, x.dtype, backend, cache_weight)
+        y = _weight_gemm(rows, weights, x.dtype, backend, cache_weight)
         sizes = [w.shape[0] for w in weights]
         outs = y.split(sizes, dim=1) if count > 1 else (y,)
         outs = tuple((o if b is None else o + b.to(o.dtype)).reshape(*lead, o.shape[1])
                      for o, b in zip(outs, biases, strict=True))
         ctx.save_for_backward(x2 if needs_w and not fp8_wgrad else None, xt, xt_scale,
                               *(weights if needs_x else ()))
-        ctx.backend, ctx.fp8_wgrad, ctx.count, ctx.sizes = backend, fp8_wgrad, count, sizes
+        ctx.backend, ctx.fp8_wgrad, ctx.cache_weight = backend, fp8_wgrad, cache_weight
+        ctx.count, ctx.sizes = count, sizes
         ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weights[0].dtype
         ctx.b_dtypes = [None if b is None else b.dtype for b in biases]
         return outs if count > 1 else outs[0]
@@ -203,7 +222,7 @@ class _FP8Linears(torch.autograd.Function):
         fp8_w = needs_w and ctx.fp8_wgrad
         if needs_x and needs_w and not fp8_w and g.is_cuda and OVERLAP:
             grads = _grads_op if torch.compiler.is_compiling() else _input_grad_beside_weight_grad
-            grad_x, grad_w = grads(g, x2, weights, ctx.backend, ctx.x_dtype, ctx.w_dtype)
+            grad_x, grad_w = grads(g, x2, weights, ctx.backend, ctx.x_dtype, ctx.w_dtype, ctx.cache_weight)
         else:
             # One quantising pass over g gives both GEMMs' operands (its rows for dx, its
             # columns, g.T's rows, for dW).
@@ -213,7 +232,7 @@ class _FP8Linears(torch.autograd.Function):
                 rows = quantize_rows(g) if needs_x else None
                 columns = quantize_rows(g.t()) if fp8_w else None
             if needs_x:
-                grad_x = _gemm(rows, _weight_blocks(weights, True), 128, ctx.x_dtype, ctx.backend)
+                grad_x = _weight_gemm(rows, weights, ctx.x_dtype, ctx.backend, ctx.cache_weight, transposed=True)
             if fp8_w:
                 grad_w = _gemm(columns, (xt, xt_scale), 1, ctx.w_dtype, ctx.backend)
             elif needs_w:

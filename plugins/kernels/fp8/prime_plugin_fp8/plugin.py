@@ -72,18 +72,23 @@ def memory(est, config) -> None:
     time: its weights concatenated in their own precision (a group) and quantised, and its
     activations' FP8 copies, bounded by the largest block's weight at compute precision plus a
     byte, and a byte for the row's widest activation. With ``fp8_weight_cache`` in one process,
-    a step of more than two passes adds a byte a converted weight (``weight_cache``)."""
+    a step of several passes adds a byte a converted weight, and one of more than two passes
+    two (``weight_cache``)."""
     from prime_core.trainer.model import transformer_blocks
+    from prime_plugin_fp8 import weight_cache
     from prime_plugin_fp8.strategy import caches_weights
 
     largest = max(est.block_numel(), default=0)
     copies = largest * (1 + est.compute_bytes) + est.tokens * 4 * est.hidden
     est.add_buffer("fp8: quantised copies of one block", copies, ("backward",))
-    if caches_weights(config, est.processes) and est.rows > 2:
-        # Held until the last pass's backward starts: at the start of every earlier pass's
-        # backward (from the second on, beside the gradients of the passes before it).
-        est.add_buffer("fp8: weight blocks kept through the step's passes", FP8_WEIGHT_BYTES * _converted(est.model),
-                       ("backward",))
+    if caches_weights(config, est.processes) and est.rows > 1:
+        # Where a backward starts beside the gradients of the passes before it (from the second
+        # pass on): W.T's blocks, stored by the first backward and kept into the last; and the
+        # forward's, dropped as the last backward starts, so only where an earlier one is second.
+        kinds = (est.rows > 2) + weight_cache.TRANSPOSED
+        if kinds:
+            est.add_buffer("fp8: weight blocks kept through the step's passes",
+                           kinds * FP8_WEIGHT_BYTES * _converted(est.model), ("backward",))
     if getattr(config, "lora", None) or not config.fp8_wgrad:
         return
     saved = [(_fp8_inputs(block, ("q_proj", "k_proj", "v_proj", "o_proj")),

@@ -88,9 +88,10 @@ def test_with_the_weight_gradient_in_bf16_the_linears_save_what_bf16_saves(insta
         _predicted_activations(*_args(tiny)), "the default"
 
 
-def test_the_weight_cache_is_counted_in_one_process_with_more_than_two_passes(installed_plugins, tiny):
+def test_the_weight_cache_is_counted_in_one_process_with_several_passes(installed_plugins, tiny, monkeypatch):
     from prime_core.cli.common import load_config
     from prime_core.plan import estimate
+    from prime_plugin_fp8 import weight_cache
     from prime_plugin_fp8.plugin import FP8_WEIGHT_BYTES
 
     name = "fp8: weight blocks kept through the step's passes"
@@ -100,7 +101,14 @@ def test_the_weight_cache_is_counted_in_one_process_with_more_than_two_passes(in
         config = load_config("rl", _args(tiny, "--trainer.model.quantization", "fp8", *extra))
         return estimate(config, "rl", processes=processes, rows=rows).buffers
 
-    assert buffers()[name] == (FP8_WEIGHT_BYTES * converted, ("backward",))
+    # the forward's blocks and W.T's, both at the start of the second pass's backward
+    assert buffers()[name] == (2 * FP8_WEIGHT_BYTES * converted, ("backward",))
+    # two passes: the forward's are dropped as the last backward starts (the first pass's has no
+    # gradients beside it); W.T's are still kept there
+    assert buffers(rows=2)[name] == (FP8_WEIGHT_BYTES * converted, ("backward",))
+    assert name not in buffers(rows=1)
     assert name not in buffers("--trainer.model.fp8-weight-cache", "false")
-    assert name not in buffers(rows=2)  # the first pass's backward has no gradients beside it
     assert name not in buffers(processes=2)  # FSDP gathers the weights for every pass
+    monkeypatch.setattr(weight_cache, "TRANSPOSED", False)  # the forward's alone
+    assert buffers()[name] == (FP8_WEIGHT_BYTES * converted, ("backward",))
+    assert name not in buffers(rows=2)

@@ -1,7 +1,8 @@
-"""``trainer.model.fp8_weight_cache``: a step's later forward passes take the weights' FP8 blocks
-from its first (``weight_cache``), with the same bits as quantising again, eagerly, compiled
-and in the trainer; stored only in steps after one of several passes, dropped at the step's
-last backward pass and before every update. Beside the one-process update of bf16 weights
+"""``trainer.model.fp8_weight_cache``: a step's later passes take the weights' FP8 blocks (the
+forward's and ``W.T``'s) from its first (``weight_cache``), with the same bits as quantising again,
+eagerly, compiled and in the trainer; stored only in steps after one of several passes, the
+forward's dropped at the step's last backward pass, ``W.T``'s as that pass uses them, and all
+before every update. Beside the one-process update of bf16 weights
 (AdamW fused in a Triton kernel that writes the weights in place without changing their
 versions, so only the trainer's hooks keep a step from using blocks of the weights before
 it): on a GPU with the real FP8 GEMMs, elsewhere in Triton's interpreter."""
@@ -54,7 +55,9 @@ def test_a_step_after_one_of_several_passes_reuses_the_blocks_with_the_same_bits
             got, want = _pass(cached, x, dy, cache, last=i == 2), _pass(plain, x, dy)
             for a, b in zip(got, want, strict=True):
                 assert torch.equal(a, b), (step, i)
-            assert len(cache) == (1 if step and i < 2 else 0), (step, i)  # dropped at the last pass
+            # both kept through the earlier passes; in the last, the forward's dropped before its
+            # backward, W.T's as it used them
+            assert (cache.kept(False), cache.kept(True)) == ((1, 1) if step and i < 2 else (0, 0)), (step, i)
         for a, b in zip(cached.parameters(), plain.parameters(), strict=True):
             assert torch.equal(a.grad, b.grad)
         cache.before_step(cached)
@@ -62,8 +65,20 @@ def test_a_step_after_one_of_several_passes_reuses_the_blocks_with_the_same_bits
             optimizer.step()
             optimizer.zero_grad()
     # The first step stores nothing (how many passes a step has is learnt from the one before);
-    # the next two quantise once and reuse twice (the last pass's forward too).
-    assert (cache.hits, cache.misses) == (4, 5)
+    # the next two quantise each kind once and reuse it twice (in the last pass too).
+    assert (cache.hits, cache.misses) == (8, 10)
+
+
+def test_without_the_transposed_switch_only_the_forward_s_blocks_are_kept(cache, monkeypatch):
+    monkeypatch.setattr(weight_cache, "TRANSPOSED", False)
+    cached, plain = _pair()
+    cache.storing = True
+    x, dy = torch.randn(7, 200), torch.randn(7, 256)
+    for i in range(3):
+        for a, b in zip(_pass(cached, x, dy, cache, last=i == 2), _pass(plain, x, dy), strict=True):
+            assert torch.equal(a, b)
+        assert cache.kept(True) == 0
+    assert (cache.hits, cache.misses) == (2, 1)
 
 
 def test_a_step_of_one_pass_stores_nothing(cache):
@@ -130,10 +145,11 @@ def test_compiled_the_lookup_is_one_operator_with_eager_s_bits(cache):
         x, dy = torch.randn(4, 10, 200, generator=g), torch.randn(4, 10, 256, generator=g)
         for a, b in zip(_pass(compiled, x, dy), _pass(plain, x, dy), strict=True):
             assert torch.equal(a, b)
-    assert (cache.hits, cache.misses) == (2, 1)
+    assert (cache.hits, cache.misses) == (4, 2)  # the forward's blocks and W.T's
     ops = [[str(node.target) for node in gm.graph.nodes if str(node.target).startswith("prime_fp8")]
            for gm in graphs]
-    assert ops == [["prime_fp8.gemm_cached_weight.default"], ["prime_fp8.gemm.default"] * 2], ops
+    assert ops == [["prime_fp8.gemm_cached_weight.default"],
+                   ["prime_fp8.gemm_cached_weight.default", "prime_fp8.gemm.default"]], ops
 
 
 def _train(tiny, cached: bool, *, device: str = "cpu", dtype: str = "float32", kernel: str = "emulated"):
@@ -169,9 +185,10 @@ def _train(tiny, cached: bool, *, device: str = "cpu", dtype: str = "float32", k
 
 def _check_hits(cache, passes, groups: int) -> None:
     """Step 1 quantises every group in every pass; steps 2 and 3 in their first pass only,
-    reusing the blocks in every later one; nothing is held after a step."""
+    reusing the blocks in every later one; each twice, the forward's and W.T's; nothing is held
+    after a step."""
     assert min(passes) > 2 and (cache.misses, cache.hits) == (
-        groups * (passes[0] + 2), groups * (passes[1] - 1 + passes[2] - 1)), (cache.misses, cache.hits, passes)
+        2 * groups * (passes[0] + 2), 2 * groups * (passes[1] - 1 + passes[2] - 1)), (cache.misses, cache.hits, passes)
     assert len(cache) == 0
 
 
