@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # One GPU with DeepGEMM: where the FP8 step's host time goes over an RL step's rows, in one job.
+#  0. the FP8 GPU tests (test_gpu.py, test_weight_cache.py);
 #  1. kernels_bench.py fp8_host at M = 2,048 (a pass of RL rows is a few thousand tokens): each piece
 #     of an FP8 linear (eager, compiled with a symbolic row count, the backward's operator and its
 #     parts) on deep_gemm and torch, host time beside GPU time;
@@ -19,6 +20,10 @@ bash benchmarks/device_setup.sh > "$logs/setup.log" 2>&1 || { tail -5 "$logs/set
 dg=$(timeout 300 bash benchmarks/deepgemm_build.sh 2> "$logs/deepgemm_build.log") || { tail -20 "$logs/deepgemm_build.log"; exit 1; }
 export PYTHONPATH=$dg${PYTHONPATH:+:$PYTHONPATH}
 rm -f "$logs/setup.log" "$logs/deepgemm_build.log"  # a call brings back 8 files at most
+# The FP8 GPU tests first (the two-stream backward and the weight cache on the real GEMMs).
+timeout 600 python3 -m pytest -q -p no:cacheprovider -rs plugins/kernels/fp8/tests/test_gpu.py \
+  plugins/kernels/fp8/tests/test_weight_cache.py > "$logs/tests.log" 2>&1
+echo "fp8 GPU tests: exit $? $(grep -E '[0-9]+ (passed|failed|error)' "$logs/tests.log" | tail -1)"
 if [ -z "${SKIP_HOST:-}" ]; then
   python3 benchmarks/kernels_bench.py fp8_host --host-m 2048 --backends deep_gemm torch --reps 200 \
     --out "$logs/kb" > "$logs/fp8_host.log" 2>&1 || echo "fp8_host: exit $?"

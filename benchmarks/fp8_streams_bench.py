@@ -4,11 +4,12 @@ shapes, each fwd + bwd replayed from a CUDA graph, in alternated rounds (a clock
 every case), medians:
 
 - ``bf16``: ``F.linear``, the baseline;
-- ``fp8``: the linear as it is (W.T's blocks, then dy's rows, on the side stream);
-- ``fp8_rows_first``: dy's rows before W.T's blocks (stop 60's order);
+- ``fp8``: the linear as it is (dy's rows, then W.T's blocks and the FP8 GEMM on the side
+  stream beside dW's; until stop 74 the rows were quantised on the side stream after W.T's
+  blocks, and before stop 61 before them);
 - ``fp8_one_stream``: everything on the current stream (``OVERLAP`` off);
-- ``fp8_weight_cached``: the linear as it is with ``cache_weight=True``, the weight's blocks
-  stored: what a step's micro-batches after its first take (``weight_cache``).
+- ``fp8_weight_cached``: the linear as it is with ``cache_weight=True``, the weight's blocks and
+  W.T's stored: what a step's micro-batches after its first take (``weight_cache``).
 
 ``--timelines SHAPE ...`` prints each FP8 case's kernels in one replay (stream, start, length,
 grid): where the side stream's launches ran, beside or after dW's GEMM.
@@ -26,38 +27,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import kernels_bench as kb  # noqa: E402
-
-
-def rows_first(g, x2, weights, backend, x_dtype, w_dtype):
-    """``_input_grad_beside_weight_grad`` with dy's rows quantised before W.T's blocks."""
-    import torch
-
-    from prime_plugin_fp8 import linear
-    from prime_plugin_fp8.gemm import gemm
-    from prime_plugin_fp8.quant import quantize_rows
-
-    main = torch.cuda.current_stream(g.device)
-    side = linear._side_stream(g.device)
-    side.wait_stream(main)
-    grad_w = linear._high_precision_weight_grad(g, x2, w_dtype)
-    with torch.cuda.stream(side):
-        grad_x = gemm(quantize_rows(g), linear._weight_blocks(weights, True), b_block=128, out_dtype=x_dtype,
-                      backend=backend)
-    main.wait_stream(side)
-    grad_x.record_stream(main)
-    return grad_x, grad_w
-
-
-def with_grads(fn, grads):
-    from prime_plugin_fp8 import linear
-
-    def run():
-        before, linear._input_grad_beside_weight_grad = linear._input_grad_beside_weight_grad, grads
-        try:
-            fn()
-        finally:
-            linear._input_grad_beside_weight_grad = before
-    return run
 
 
 def timeline(replay, out: Path, name: str) -> None:
@@ -118,7 +87,7 @@ def main() -> int:
         def fp8_weight_cached(x=x, w=w, dy=dy):
             fp8_linear(x, w, fp8_wgrad=False, cache_weight=True).backward(dy)
         cases = {"bf16": lambda x=x, w=w, dy=dy: F.linear(x, w).backward(dy), "fp8": fp8,
-                 "fp8_rows_first": with_grads(fp8, rows_first), "fp8_one_stream": kb.serial(fp8),
+                 "fp8_one_stream": kb.serial(fp8),
                  "fp8_weight_cached": fp8_weight_cached}
         replays = {case: kb.graphed(fn, (x, w)) for case, fn in cases.items()}
         rounds = {case: [] for case in cases}
@@ -132,7 +101,7 @@ def main() -> int:
                            "x_bf16": median["bf16"] / us, "device": torch.cuda.get_device_name()})
         table.append((spec, median))
         if spec in args.timelines:
-            for case in ("fp8", "fp8_rows_first", "fp8_one_stream", "fp8_weight_cached"):
+            for case in ("fp8", "fp8_one_stream", "fp8_weight_cached"):
                 timeline(replays[case], args.out, f"{spec.replace(':', '_')}_{case}")
     print(f"{'shape':12s}" + "".join(f"{case:>24s}" for case in table[0][1]) + "   (median GPU us, x bf16)")
     for spec, median in table:

@@ -545,12 +545,13 @@ def fp8_host_of(args, device, backend: str) -> list[dict]:
     cases["weight cache lookup (hit)"] = kept(lambda: weight_cache.CACHE.blocks([wd], linear._forward_blocks))
     cases["empty [M, N] bf16"] = lambda: torch.empty(m, n, dtype=torch.bfloat16, device=device)
     if device.type == "cuda":  # the defaults' backward: two streams
+        dyq = quantize_rows(dy)
         cases["op input_grad_beside_weight_grad"] = lambda: linear._grads_op(
-            dy, xd, [wd], backend, torch.bfloat16, torch.bfloat16, False)
+            *dyq, dy, xd, [wd], backend, torch.bfloat16, torch.bfloat16, False)
         cases["op input_grad_beside_weight_grad (W.T's blocks kept)"] = kept(lambda: linear._grads_op(
-            dy, xd, [wd], backend, torch.bfloat16, torch.bfloat16, True))
+            *dyq, dy, xd, [wd], backend, torch.bfloat16, torch.bfloat16, True))
         cases["input_grad_beside_weight_grad, called"] = lambda: linear._input_grad_beside_weight_grad(
-            dy, xd, [wd], backend, torch.bfloat16, torch.bfloat16)
+            dyq, dy, xd, [wd], backend, torch.bfloat16, torch.bfloat16)
         cases["streams alone (wait, enter, wait, record)"] = lambda: streams_alone(dy)
         if backend == "deep_gemm":
             import deep_gemm

@@ -135,45 +135,49 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)
 
 
-def _input_grad_beside_weight_grad(g, x2, weights, backend: str, x_dtype, w_dtype, cache_weight: bool = False):
-    """``(dx, dW)``: ``dW``'s high-precision GEMM on the current stream, and beside it, on a
-    second one, ``dx``'s chain (``W.T``'s blocks, ``g``'s row quantisation, the FP8 GEMM).
-    Why: the quantisers are bound by memory and the GEMMs by their tensor cores, and nothing
-    orders the two halves. ``dW``'s GEMM is launched first; ``dx``'s kernels take whatever
-    multiprocessors it leaves, at its start and in its tail. On an H200 that is 1.1-7.5% of the
-    linear's time at M = 8,192 (stop 60, FP8 README), most where ``dW``'s GEMM is long.
+def _input_grad_beside_weight_grad(rows, g, x2, weights, backend: str, x_dtype, w_dtype, cache_weight: bool = False):
+    """``(dx, dW)`` from ``g`` and its quantised ``rows``: ``dW``'s high-precision GEMM on the
+    current stream, and beside it, on a second one, the rest of ``dx``'s chain (``W.T``'s blocks,
+    the FP8 GEMM). Why: nothing orders the two halves, and ``dx``'s kernels take whatever
+    multiprocessors ``dW``'s GEMM leaves, at its start and in its tail. On an H200 that was
+    1.1-7.5% of the linear's time at M = 8,192 (stop 60, FP8 README), most where ``dW``'s GEMM
+    is long. ``cache_weight``: ``W.T``'s blocks from the cache, quantised (on the side stream,
+    where they are only ever used) only where it has none.
 
-    The order on the side stream: at the 1.7B ``o`` shape cuBLAS runs ``dW`` as 128 blocks on
-    the 132 multiprocessors, and the side stream's kernels trickle through the 4 left (kernel
-    timelines, stop 61). The small launch, ``W.T``'s blocks, goes there first, and ``g``'s rows,
-    which need the whole GPU, mostly run after: 1.2-2.0% faster at ``o`` than rows first, -2.0
-    to +2.0% on the other block shapes (``benchmarks/fp8_streams_bench.py``). ``cache_weight``:
-    ``W.T``'s blocks from the cache, quantised (on the side stream, where they are only ever
-    used) only where it has none."""
+    ``g``'s rows come quantised, from before the split: compiled, their quantiser is then
+    launched by Inductor's generated code, not by Triton's launcher from inside this operator,
+    which cost the host more than the kernel took the GPU at an RL step's few thousand tokens a
+    pass (stop 73). On the side stream they mostly ran after ``dW``'s GEMM anyway: at the 1.7B
+    ``o`` shape cuBLAS runs ``dW`` as 128 blocks on the 132 multiprocessors, and the side stream's
+    kernels trickled through the 4 left (kernel timelines, stop 61)."""
     main = torch.cuda.current_stream(g.device)
     side = _side_stream(g.device)
-    side.wait_stream(main)  # before dW's launch: the side waits for g and the weights only
+    side.wait_stream(main)  # before dW's launch: the side waits for the rows and the weights only
     grad_w = _high_precision_weight_grad(g, x2, w_dtype)
     with torch.cuda.stream(side):
-        blocks = _blocks_of(weights, True, cache_weight)  # first: see the docstring
-        grad_x = gemm(quantize_rows(g), blocks, b_block=128, out_dtype=x_dtype, backend=backend)
+        grad_x = gemm(rows, _blocks_of(weights, True, cache_weight), b_block=128, out_dtype=x_dtype, backend=backend)
     main.wait_stream(side)
     grad_x.record_stream(main)  # made on the side stream, used and freed on the main one
     return grad_x, grad_w
 
 
-# Opaque to torch.compile, as the GEMM is: streams are not something a traced graph holds. The
-# price: inside it the quantiser goes through Triton's own launcher, not Inductor's (more host
-# time a call, hidden behind the GPU's at the step's sizes: stop 60's step kept its 1.078x).
+# Opaque to torch.compile, as the GEMM is: streams are not something a traced graph holds.
 @torch.library.custom_op("prime_fp8::input_grad_beside_weight_grad", mutates_args=())
-def _grads_op(g: torch.Tensor, x2: torch.Tensor, weights: list[torch.Tensor], backend: str,
-              x_dtype: torch.dtype, w_dtype: torch.dtype, cache_weight: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _input_grad_beside_weight_grad(g, x2, weights, backend, x_dtype, w_dtype, cache_weight)
+def _grads_op(q: torch.Tensor, scale: torch.Tensor, g: torch.Tensor, x2: torch.Tensor, weights: list[torch.Tensor],
+              backend: str, x_dtype: torch.dtype, w_dtype: torch.dtype,
+              cache_weight: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _input_grad_beside_weight_grad((q, scale), g, x2, weights, backend, x_dtype, w_dtype, cache_weight)
 
 
 @_grads_op.register_fake
-def _(g, x2, weights, backend, x_dtype, w_dtype, cache_weight):
+def _(q, scale, g, x2, weights, backend, x_dtype, w_dtype, cache_weight):
     return g.new_empty(x2.shape, dtype=x_dtype), g.new_empty((g.shape[1], x2.shape[1]), dtype=w_dtype)
+
+
+def _grads(rows, g, x2, weights, backend: str, x_dtype, w_dtype, cache_weight: bool):
+    if torch.compiler.is_compiling():
+        return _grads_op(*rows, g, x2, weights, backend, x_dtype, w_dtype, cache_weight)
+    return _input_grad_beside_weight_grad(rows, g, x2, weights, backend, x_dtype, w_dtype, cache_weight)
 
 
 _PARAMS = 4
@@ -221,8 +225,8 @@ class _FP8Linears(torch.autograd.Function):
         grad_x = grad_w = None
         fp8_w = needs_w and ctx.fp8_wgrad
         if needs_x and needs_w and not fp8_w and g.is_cuda and OVERLAP:
-            grads = _grads_op if torch.compiler.is_compiling() else _input_grad_beside_weight_grad
-            grad_x, grad_w = grads(g, x2, weights, ctx.backend, ctx.x_dtype, ctx.w_dtype, ctx.cache_weight)
+            grad_x, grad_w = _grads(quantize_rows(g), g, x2, weights, ctx.backend, ctx.x_dtype, ctx.w_dtype,
+                                    ctx.cache_weight)
         else:
             # One quantising pass over g gives both GEMMs' operands (its rows for dx, its
             # columns, g.T's rows, for dW).
