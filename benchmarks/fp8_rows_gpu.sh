@@ -43,9 +43,10 @@ profile() {  # NAME ARGS...
   grep -E "rows: (first|GPU)" "$logs/run.log"
   rm -f "$logs/run.log"
 }
-# RUNS: NAME:KNOB[:FLAG=on|off,...] (trainer_memory.py --fp8 FLAG=...): the defaults (two streams, W.T's
-# blocks kept), the torch backend, the backward on one stream in the graph, and W.T quantised every
-# pass (stop 73's cache).
+# RUNS: NAME:KNOB[:FLAG,...], a FLAG either FP8_FLAG=on|off (trainer_memory.py --fp8) or attn=KERNEL (in
+# place of torch_fused): the defaults (two streams, W.T's blocks kept), the torch backend, the backward
+# on one stream in the graph, and W.T quantised every pass (stop 73's cache). Without cuDNN's
+# attention, for stop 74's lead: RUNS="flash:custom_fp8_cached_compile:attn=torch_flash".
 profiles() {
   profile bf16 --knob custom_compile_fused
   local run name knob flags
@@ -54,8 +55,10 @@ profiles() {
                      no_wt_cache:custom_fp8_cached_compile:transposed_cache=off}; do
     IFS=: read -r name knob flags <<< "$run"
     local extra=()
-    for flag in ${flags//,/ }; do extra+=(--fp8 "$flag"); done
-    profile "fp8_$name" --knob "$knob" "${extra[@]}"
+    for flag in ${flags//,/ }; do
+      case "$flag" in attn=*) extra+=(--attn "${flag#attn=}") ;; *) extra+=(--fp8 "$flag") ;; esac
+    done
+    profile "$name" --knob "$knob" "${extra[@]}"
   done
 }
 for step in ${STEPS:-host profiles}; do
