@@ -11,9 +11,12 @@
 #             of 8-8,192 tokens packed a step: bf16, then FP8 with each of RUNS (below), on one
 #             DeepGEMM cache (the first FP8 run compiles its kernels: 250 s of its first pass in
 #             stop 74).
-# Longer than one device call: run detached (carry benchmarks/.whl, with the DeepGEMM tarball):
+# Longer than one device call (the defaults: about 22 minutes, estimated from stop 74's H100 job, where
+# setup took 2, the tests 4.5, bf16's profile 2.5 and the first FP8 one 6.5): run detached (carry
+# benchmarks/.whl, with the DeepGEMM tarball), following it in calls that each start within 30 s of
+# the last:
 #   bash benchmarks/detached.sh start rows bash benchmarks/fp8_rows_gpu.sh && bash benchmarks/detached.sh follow rows 560
-#   bash benchmarks/detached.sh follow rows 500          # the next call, within 30 s
+#   bash benchmarks/detached.sh follow rows 580          # the next calls
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs=${LOGS:-/tmp/detached/rows}
