@@ -46,10 +46,11 @@ profile() {  # NAME ARGS...
   grep -E "rows: (first|GPU)" "$logs/run.log"
   rm -f "$logs/run.log"
 }
-# RUNS: NAME:KNOB[:FLAG,...], a FLAG either FP8_FLAG=on|off (trainer_memory.py --fp8) or attn=KERNEL (in
-# place of torch_fused): the defaults (two streams, W.T's blocks kept), the torch backend, the backward
+# RUNS: NAME:KNOB[:FLAG,...], a FLAG one of FP8_FLAG=on|off (trainer_memory.py --fp8), attn=KERNEL (in
+# place of torch_fused) or gc=off (trainer_memory.py --gc off): the defaults (two streams, W.T's blocks kept), the torch backend, the backward
 # on one stream in the graph, and W.T quantised every pass (stop 73's cache). Without cuDNN's
-# attention, for stop 74's lead: RUNS="flash:custom_fp8_cached_compile:attn=torch_flash".
+# attention, for stop 74's lead: RUNS="flash:custom_fp8_cached_compile:attn=torch_flash"; without the
+# garbage collector in the timed steps: RUNS="nogc:custom_fp8_cached_compile:gc=off".
 profiles() {
   profile bf16 --knob custom_compile_fused
   local run name knob flags
@@ -59,7 +60,11 @@ profiles() {
     IFS=: read -r name knob flags <<< "$run"
     local extra=()
     for flag in ${flags//,/ }; do
-      case "$flag" in attn=*) extra+=(--attn "${flag#attn=}") ;; *) extra+=(--fp8 "$flag") ;; esac
+      case "$flag" in
+        attn=*) extra+=(--attn "${flag#attn=}") ;;
+        gc=*) extra+=(--gc "${flag#gc=}") ;;
+        *) extra+=(--fp8 "$flag") ;;
+      esac
     done
     profile "$name" --knob "$knob" "${extra[@]}"
   done

@@ -271,6 +271,7 @@ def profile_rows(args, training, loss_fn) -> int:
     ``--steps`` of them), each trained once (compiling, and JIT-compiling backends, at its new
     lengths), then the last ``--steps`` again: timed, then profiled. What a long run sees once
     its row lengths are no longer new, per step."""
+    import gc
     import random
     import statistics
 
@@ -294,9 +295,14 @@ def profile_rows(args, training, loss_fn) -> int:
         return time.perf_counter() - started
 
     first = [run(rows) for rows in batches]
+    if args.gc == "off":  # what the collector holds by now is frozen, and it runs no more
+        gc.collect()
+        gc.freeze()
+        gc.disable()
     again = [run(rows) for rows in batches[args.warmup:]]
     tokens = [sum(len(row["input_ids"]) for row in rows) for rows in batches[args.warmup:]]
-    label = f"profile {args.knob}{'+' + args.attn if args.attn else ''}{''.join(' ' + f for f in args.fp8)} rows"
+    flags = [*args.fp8, *(["gc=off"] if args.gc == "off" else [])]
+    label = f"profile {args.knob}{'+' + args.attn if args.attn else ''}{''.join(' ' + f for f in flags)} rows"
     print(f"{label}: first pass {sum(first):.1f} s ({max(first):.2f} s slowest); again: median "
           f"{1000 * statistics.median(again):.1f} ms, {sum(tokens) / sum(again):,.0f} tok/s over {len(again)} steps",
           flush=True)
@@ -309,7 +315,7 @@ def profile_rows(args, training, loss_fn) -> int:
     print(f"{label}: GPU time of {len(again)} steps ({sum(tokens):,} tokens)", flush=True)
     print(kernel_shares(averages), flush=True)
     with open(args.out / "profiles.jsonl", "a") as f:
-        f.write(json.dumps({"knob": args.knob, "attn": args.attn, "fp8": args.fp8,
+        f.write(json.dumps({"knob": args.knob, "attn": args.attn, "fp8": args.fp8, "gc": args.gc,
                             "seq_len": args.seq_len, "samples_per_rank": args.samples_per_rank, "first_s": first,
                             "again_s": again, "tokens": tokens}) + "\n")
     distributed.shutdown()
@@ -498,6 +504,10 @@ def main() -> int:
                             f"{flag}={value}" for flag in FP8_FLAGS for value in ("on", "off")],
                         help="set one of the FP8 plugin's timing switches (repeatable): "
                              + "; ".join(f"{flag}: {where}" for flag, (where, _) in FP8_FLAGS.items()))
+    parser.add_argument("--gc", choices=("on", "off"), default="on",
+                        help="profile: off freezes what Python's garbage collector holds after the first pass and "
+                             "disables it for the timed and profiled ones (as torchtitan's gc_freq and Megatron's "
+                             "--manual-gc keep it out of the steps)")
     args = parser.parse_args()
     set_fp8_flags(args.fp8)
     args.out.mkdir(parents=True, exist_ok=True)
