@@ -46,11 +46,12 @@ profile() {  # NAME ARGS...
   grep -E "rows: (first|GPU)" "$logs/run.log"
   rm -f "$logs/run.log"
 }
-# RUNS: NAME:KNOB[:FLAG,...], a FLAG one of FP8_FLAG=on|off (trainer_memory.py --fp8), attn=KERNEL (in
+# RUNS: NAME:KNOB[:FLAG,...], a FLAG one of SWITCH=on|off (trainer_memory.py --set), attn=KERNEL (in
 # place of torch_fused) or gc=off (trainer_memory.py --gc off): the defaults (two streams, W.T's blocks kept), the torch backend, the backward
 # on one stream in the graph, and W.T quantised every pass (stop 73's cache). Without cuDNN's
 # attention, for stop 74's lead: RUNS="flash:custom_fp8_cached_compile:attn=torch_flash"; without the
-# garbage collector in the timed steps: RUNS="nogc:custom_fp8_cached_compile:gc=off".
+# garbage collector in the timed steps: RUNS="nogc:custom_fp8_cached_compile:gc=off"; the gradient
+# norm's squares launched a group at a time: RUNS="grouped:custom_fp8_cached_compile:grouped_norms=on".
 profiles() {
   profile bf16 --knob custom_compile_fused
   local run name knob flags
@@ -63,7 +64,7 @@ profiles() {
       case "$flag" in
         attn=*) extra+=(--attn "${flag#attn=}") ;;
         gc=*) extra+=(--gc "${flag#gc=}") ;;
-        *) extra+=(--fp8 "$flag") ;;
+        *) extra+=(--set "$flag") ;;
       esac
     done
     profile "$name" --knob "$knob" "${extra[@]}"

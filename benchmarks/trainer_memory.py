@@ -301,7 +301,7 @@ def profile_rows(args, training, loss_fn) -> int:
         gc.disable()
     again = [run(rows) for rows in batches[args.warmup:]]
     tokens = [sum(len(row["input_ids"]) for row in rows) for rows in batches[args.warmup:]]
-    flags = [*args.fp8, *(["gc=off"] if args.gc == "off" else [])]
+    flags = [*args.set, *(["gc=off"] if args.gc == "off" else [])]
     label = f"profile {args.knob}{'+' + args.attn if args.attn else ''}{''.join(' ' + f for f in flags)} rows"
     print(f"{label}: first pass {sum(first):.1f} s ({max(first):.2f} s slowest); again: median "
           f"{1000 * statistics.median(again):.1f} ms, {sum(tokens) / sum(again):,.0f} tok/s over {len(again)} steps",
@@ -315,7 +315,7 @@ def profile_rows(args, training, loss_fn) -> int:
     print(f"{label}: GPU time of {len(again)} steps ({sum(tokens):,} tokens)", flush=True)
     print(kernel_shares(averages), flush=True)
     with open(args.out / "profiles.jsonl", "a") as f:
-        f.write(json.dumps({"knob": args.knob, "attn": args.attn, "fp8": args.fp8, "gc": args.gc,
+        f.write(json.dumps({"knob": args.knob, "attn": args.attn, "set": args.set, "gc": args.gc,
                             "seq_len": args.seq_len, "samples_per_rank": args.samples_per_rank, "first_s": first,
                             "again_s": again, "tokens": tokens}) + "\n")
     distributed.shutdown()
@@ -459,21 +459,23 @@ def table(out: Path) -> None:
                       f"{r['peak_memory_gib']:>10.1f}{r['peak_memory_pct']:>6.0f}%{plan}")
 
 
-FP8_FLAGS = {
-    "overlap": ("prime_plugin_fp8.linear.OVERLAP, the backward's input gradient on a second stream beside the "
+SWITCHES = {
+    "overlap": ("prime_plugin_fp8.linear.OVERLAP, the FP8 backward's input gradient on a second stream beside the "
                 "bf16 weight gradient", ("prime_plugin_fp8.linear", "OVERLAP")),
     "transposed_cache": ("prime_plugin_fp8.weight_cache.TRANSPOSED, W.T's blocks kept through a step's passes",
                          ("prime_plugin_fp8.weight_cache", "TRANSPOSED")),
+    "grouped_norms": ("prime_plugin_fsdp.norms.GROUPED, the gradient norm's squares launched a group of gradients "
+                      "at a time", ("prime_plugin_fsdp.norms", "GROUPED")),
 }
 
 
-def set_fp8_flags(flags: list[str]) -> None:
-    """``--fp8 FLAG=on|off``: the plugin's module switches, set before the model is built."""
+def set_switches(flags: list[str]) -> None:
+    """``--set FLAG=on|off``: plugins' module switches, set before the model is built."""
     import importlib
 
     for item in flags:
         flag, value = item.split("=")
-        module, name = FP8_FLAGS[flag][1]
+        module, name = SWITCHES[flag][1]
         setattr(importlib.import_module(module), name, value == "on")
 
 
@@ -500,16 +502,16 @@ def main() -> int:
     parser.add_argument("--memory", action="store_true",
                         help="profile: instead of timing, what is allocated at the step's peak, by where")
     parser.add_argument("--tiny", action="store_true", help="a small model: smoke test on a CPU")
-    parser.add_argument("--fp8", action="append", default=[], metavar="FLAG=on|off", choices=[
-                            f"{flag}={value}" for flag in FP8_FLAGS for value in ("on", "off")],
-                        help="set one of the FP8 plugin's timing switches (repeatable): "
-                             + "; ".join(f"{flag}: {where}" for flag, (where, _) in FP8_FLAGS.items()))
+    parser.add_argument("--set", action="append", default=[], metavar="FLAG=on|off", choices=[
+                            f"{flag}={value}" for flag in SWITCHES for value in ("on", "off")],
+                        help="set one of the plugins' timing switches (repeatable): "
+                             + "; ".join(f"{flag}: {where}" for flag, (where, _) in SWITCHES.items()))
     parser.add_argument("--gc", choices=("on", "off"), default="on",
                         help="profile: off freezes what Python's garbage collector holds after the first pass and "
                              "disables it for the timed and profiled ones (as torchtitan's gc_freq and Megatron's "
                              "--manual-gc keep it out of the steps)")
     args = parser.parse_args()
-    set_fp8_flags(args.fp8)
+    set_switches(args.set)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.tiny:
         QWEN3_1_7B.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,

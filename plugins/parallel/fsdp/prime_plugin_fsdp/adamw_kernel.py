@@ -106,6 +106,30 @@ def adamw(table, items, first, clip, lr_decay, one_minus_beta1, beta2, one_minus
 
 
 @triton.jit
+def squares_of_table(table, count, out, GRAD: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """``squares`` over ``count`` (at most ``ROWS``) gradients in one launch: ``table[t]`` holds
+    gradient ``t``'s address, size, first slot of ``out`` and first program. Each program finds its
+    gradient among the rows' first programs and sums one ``BLOCK`` as ``squares`` does, into the
+    same slot: the same partial sums, from one launch instead of ``count``."""
+    i = tl.program_id(0)
+    rows = tl.arange(0, ROWS)
+    firsts = tl.load(table + rows * 4 + 3, mask=rows < count, other=i + 1)
+    t = tl.sum((firsts <= i).to(tl.int32), axis=0) - 1
+    row = table + t * 4
+    j = i - tl.load(row + 3)
+    n = tl.load(row + 1)
+    start = j.to(tl.int64) * BLOCK
+    offs = start + tl.arange(0, BLOCK)
+    inside = offs < n
+    pointer = _aligned(tl.load(row), GRAD)
+    if start + BLOCK <= n:
+        g = _load(pointer, offs, inside, False)
+    else:
+        g = _load(pointer, offs, inside, True)
+    tl.store(out + tl.load(row + 2) + j, tl.sum(g * g, axis=0))
+
+
+@triton.jit
 def squares(grad, n, out, BLOCK: tl.constexpr):
     """``out[i]``: the sum of the squares, in float32, of the ``i``-th ``BLOCK`` of the ``n``
     elements of ``grad`` (a 16-byte aligned tensor)."""

@@ -36,6 +36,17 @@ class Weights:
         return self.grid(block)
 
 
+@pytest.fixture(params=["a launch a gradient", "grouped launches"])
+def launches(request, monkeypatch):
+    """``norms.GROUPED`` off and on; on, three gradients a launch, so that ``SHAPES``' four take
+    a full group in the backward pass and a partial one at the update."""
+    from prime_plugin_fsdp import norms
+
+    monkeypatch.setattr(norms, "GROUPED", request.param == "grouped launches")
+    monkeypatch.setattr(norms, "GROUP", 3)
+    return request.param
+
+
 def _masters(seed):
     g = torch.Generator().manual_seed(seed)
     return [torch.nn.Parameter((torch.randn(s, generator=g) * 0.05).to(DEVICE)) for s in SHAPES]
@@ -193,7 +204,7 @@ def _close(got, want) -> None:
 
 
 @kernel_test
-def test_the_norm_sums_every_gradient_whatever_its_dtype():
+def test_the_norm_sums_every_gradient_whatever_its_dtype(launches):
     """A second micro-batch leaves float32 gradients beside one micro-batch's bfloat16 ones; a
     parameter may have none. Blocks whole and cut short (``SHAPES`` has sizes across ``NORM_BLOCK``)."""
     from prime_core.trainer.optim import squared_norm as reference
@@ -208,7 +219,7 @@ def test_the_norm_sums_every_gradient_whatever_its_dtype():
 
 
 @kernel_test
-def test_squares_taken_in_the_last_backward_pass_give_the_same_norm():
+def test_squares_taken_in_the_last_backward_pass_give_the_same_norm(launches):
     """``norms.GradientNorms``: what the last backward pass took (``take``) and what the update
     sums are the same partial sums, so the norm is the same bit for bit. A gradient that changed
     after it was taken (accumulated into, replaced) is summed again, one dropped reads 0, and a
@@ -243,8 +254,32 @@ def test_squares_taken_in_the_last_backward_pass_give_the_same_norm():
 
 
 @kernel_test
+def test_grouped_launches_give_each_block_the_same_partial_sum(monkeypatch):
+    """``norms.GROUPED``: one launch over a table of gradients writes every slot the launch a
+    gradient writes, bit for bit (of either dtype, blocks whole and cut short), in the backward
+    pass's groups and at the update."""
+    from prime_plugin_fsdp import norms
+
+    masters = _masters(9)
+    grads = _grads(10, torch.bfloat16, 1.0)
+    grads[1] = grads[1].float()
+    slots = {}
+    for grouped in (False, True):
+        monkeypatch.setattr(norms, "GROUPED", grouped)
+        monkeypatch.setattr(norms, "GROUP", 2)
+        taken = norms.GradientNorms(masters)
+        taken.arm(True)
+        for index in (3, 0, 2):  # the order a backward pass finishes them in; 1 left to the update
+            taken.take(index, grads[index])
+        total = taken.squared(list(grads))
+        slots[grouped] = (total, taken._sums.clone())
+    assert torch.equal(slots[True][1], slots[False][1])
+    assert torch.equal(slots[True][0], slots[False][0])
+
+
+@kernel_test
 @pytest.mark.parametrize("kind", ["plain", "master"])
-def test_the_last_backward_pass_takes_each_final_gradient(kind):
+def test_the_last_backward_pass_takes_each_final_gradient(kind, launches):
     """Through the trainer's hooks: once the update is fused, the step's last backward pass
     (``before_backward(model, last=True)``) has taken every gradient's squares when it returns,
     earlier passes none; the update's norm is the summed gradients' (two micro-batches)."""
