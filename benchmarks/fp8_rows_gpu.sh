@@ -2,7 +2,8 @@
 # One GPU with DeepGEMM: where the FP8 step's time goes over an RL step's rows, in one job. STEPS
 # (default "host profiles"; any order, any subset):
 #   tests     the FP8 GPU tests (test_gpu.py, test_weight_cache.py; 270 s on an H100 in stop 74,
-#             most of it DeepGEMM compiling kernels);
+#             most of it DeepGEMM compiling kernels) and the fused update's (fsdp's test_adamw.py,
+#             the grouped norm launches among them: run it before timing grouped_norms=on);
 #   host      kernels_bench.py fp8_host at M = 2,048 (a pass of RL rows is a few thousand tokens) on
 #             deep_gemm and torch: each piece of an FP8 linear (eager, compiled with a symbolic row
 #             count, the backward's operator and its parts, DeepGEMM's call alone), host time
@@ -29,8 +30,8 @@ export PYTHONPATH=$dg${PYTHONPATH:+:$PYTHONPATH}
 rm -f "$logs/setup.log" "$logs/deepgemm_build.log"  # a call brings back 8 files at most
 tests() {
   timeout 600 python3 -m pytest -q -p no:cacheprovider -rs plugins/kernels/fp8/tests/test_gpu.py \
-    plugins/kernels/fp8/tests/test_weight_cache.py > "$logs/tests.log" 2>&1
-  echo "fp8 GPU tests: exit $? $(grep -E '[0-9]+ (passed|failed|error)' "$logs/tests.log" | tail -1)"
+    plugins/kernels/fp8/tests/test_weight_cache.py plugins/parallel/fsdp/tests/test_adamw.py > "$logs/tests.log" 2>&1
+  echo "GPU tests: exit $? $(grep -E '[0-9]+ (passed|failed|error)' "$logs/tests.log" | tail -1)"
 }
 host() {
   python3 benchmarks/kernels_bench.py fp8_host --host-m 2048 --backends deep_gemm torch --reps 200 \
