@@ -534,7 +534,7 @@ def fp8_host_of(args, device, backend: str) -> list[dict]:
     cases["bf16 linear fwd+bwd, compiled dynamic"] = compiled_backward(lambda: F.linear(x, w), dy, dynamic=True)
     cases["fp8 linear fwd+bwd, defaults, compiled dynamic"] = kept(compiled_backward(
         lambda: linear.fp8_linear(x, w, backend=backend, fp8_wgrad=False, cache_weight=True), dy, dynamic=True))
-    cases["fp8 linear fwd+bwd, defaults, compiled dynamic, one stream"] = kept(one_stream(compiled_backward(
+    cases["fp8 linear fwd+bwd, defaults, compiled dynamic, one stream"] = kept(serial(compiled_backward(
         lambda: linear.fp8_linear(x, w, backend=backend, fp8_wgrad=False, cache_weight=True), dy, dynamic=True)))
     # The pieces a backward issues, one by one.
     w2 = torch.cat([wd, wd])
@@ -571,25 +571,6 @@ def fp8_host_of(args, device, backend: str) -> list[dict]:
         rows.append(record)
         emit(args, record)
     return rows
-
-
-def one_stream(fn):
-    """``fn`` with its first call (where it compiles) made under ``linear.OVERLAP = False``: the
-    FP8 backward traced on one stream, its pieces in the graph, not in the two-stream operator."""
-    from prime_plugin_fp8 import linear
-
-    state = {"first": True}
-
-    def call():
-        if state["first"]:
-            state["first"], linear.OVERLAP = False, False
-            try:
-                return fn()
-            finally:
-                linear.OVERLAP = True
-        return fn()
-
-    return call
 
 
 def streams_alone(g):
